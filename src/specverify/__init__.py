@@ -1,0 +1,28 @@
+"""specverify: lossless, fast verification of speculative-decoding drafts (SPEC.md)."""
+
+from .bitmask import pack_bitmask, unpack_bitmask
+from .commit import acceptance_by_position, committed_tokens
+from .family import (
+    AcceptanceSampler,
+    compute_synthetic_acceptance_base_rate,
+    greedy_acceptance_sampler,
+    synthetic_acceptance_sampler,
+)
+from .rng import keyed_uniform
+from .sampler import stochastic_acceptance_sampler
+from .truncation import sample, truncated_probs
+
+__all__ = [
+    "AcceptanceSampler",
+    "acceptance_by_position",
+    "committed_tokens",
+    "compute_synthetic_acceptance_base_rate",
+    "greedy_acceptance_sampler",
+    "keyed_uniform",
+    "pack_bitmask",
+    "sample",
+    "stochastic_acceptance_sampler",
+    "synthetic_acceptance_sampler",
+    "truncated_probs",
+    "unpack_bitmask",
+]

@@ -1,0 +1,48 @@
+"""Inverse-CDF draws from unnormalised weights with one uniform per row.
+
+The CDF is taken in vocabulary order in two levels, both in float64: block sums locate the block that
+holds the draw, then a cumulative sum inside that one block locates the token. Only tokens with positive
+weight can be drawn, and the result is always a valid id in [0, V).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 1024
+
+
+def _last_positive(weights: torch.Tensor) -> torch.Tensor:
+    """Index of the last positive entry of each row (0 for a row without one). weights: [N, M] -> int64 [N]."""
+    positions = torch.arange(weights.shape[-1], device=weights.device)
+    return torch.where(weights > 0, positions, 0).amax(-1)
+
+
+def _cdf_index(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Smallest i with cumsum(weights)[i] > target, kept on a positive entry. weights: float64 [N, M]."""
+    below = (weights.cumsum(-1) <= target.clamp(min=0)[:, None]).sum(-1)
+    return torch.minimum(below, _last_positive(weights))
+
+
+def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw token i with probability weights[i] / sum(weights), using the given uniform for each row.
+
+    weights: float [N, V], >= 0 (need not be normalised); uniforms: float64 [N] in [0, 1).
+    Returns int64 [N] in [0, V). A row without positive weight (invalid input) returns a valid id.
+    """
+    rows, vocab = weights.shape
+    full_blocks = vocab // BLOCK
+    head = weights[:, : full_blocks * BLOCK].reshape(rows, full_blocks, BLOCK)
+    block_sums = torch.cat(
+        [head.sum(-1, dtype=torch.float64), weights[:, full_blocks * BLOCK :].sum(-1, keepdim=True, dtype=torch.float64)],
+        dim=-1,
+    )
+    block_cdf = block_sums.cumsum(-1)
+    target = uniforms * block_cdf[:, -1]
+    block = _cdf_index(block_sums, target)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
+    columns = block[:, None] * BLOCK + torch.arange(BLOCK, device=weights.device)
+    inside = columns < vocab
+    block_weights = torch.where(inside, weights.gather(1, columns.clamp(max=vocab - 1)), 0).to(torch.float64)
+    token = block * BLOCK + _cdf_index(block_weights, target - before)
+    return token.clamp(0, vocab - 1)

@@ -1,0 +1,188 @@
+"""Argument checking (SPEC §6): every rule raises an error that names the argument, the rule and the value.
+
+Two kinds of checks live here. Metadata checks (types, dtypes, shapes, devices) never touch tensor data
+and always run. Value checks read tensor data to the host and run only under `validate=True`.
+Nothing here writes to its inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _type_name(value: object) -> str:
+    return f"dtype {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _first_row(bad: torch.Tensor) -> int:
+    """Index of the first True in a flattened bool tensor (host read; value checks only)."""
+    return int(bad.reshape(-1).nonzero()[0, 0])
+
+
+def check_tensor(name: str, value: object, dtypes: Sequence[torch.dtype], rule: str) -> torch.Tensor:
+    """`value` must be a tensor with one of `dtypes`; `rule` says so in words."""
+    if not isinstance(value, torch.Tensor) or value.dtype not in dtypes:
+        raise TypeError(f"{name} must be {rule} (got {_type_name(value)})")
+    return value
+
+
+def check_shape(name: str, value: torch.Tensor, shape: Sequence[int], layout: str) -> None:
+    """`value.shape` must equal `shape`; `layout` names the dims, e.g. "[B, K]"."""
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {layout} = {list(shape)} (got {list(value.shape)})")
+
+
+def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.device, anchor: str) -> None:
+    """Every given tensor must live on `device` (the device of the argument `anchor`)."""
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.device != device:
+            raise ValueError(
+                f"{name} must be on the same device as {anchor} ({device}) (got {tensor.device})"
+            )
+
+
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """A Python int (or 0-d integer tensor) >= minimum."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (got {_type_name(value)})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum} (got {value})")
+    return value
+
+
+def check_float(name: str, value: object, low: float, high: float, rule: str) -> float:
+    """A finite Python float (or 0-d float tensor) in [low, high]; `rule` says the range in words."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float (got {_type_name(value)})")
+    if not (low <= value <= high) or math.isnan(value):
+        raise ValueError(f"{name} must be {rule} (got {value})")
+    return float(value)
+
+
+def check_rows(name: str, bad: torch.Tensor, values: torch.Tensor, rule: str) -> None:
+    """Raise for the first row where `bad` holds. bad: bool [B]; values: [B] (value check)."""
+    if bool(bad.any()):
+        row = _first_row(bad)
+        raise ValueError(f"{name} must be {rule} (got {values.reshape(-1)[row].item()} at row {row})")
+
+
+def check_temperature(temperature: torch.Tensor) -> None:
+    """Finite and >= 0 (value check). temperature: float [B]."""
+    check_rows("temperature", ~torch.isfinite(temperature) | (temperature < 0), temperature, "finite and >= 0")
+
+
+def check_top_k(top_k: torch.Tensor) -> None:
+    """>= -1, where 0 and -1 mean no limit (value check). top_k: int [B]."""
+    check_rows("top_k", top_k < -1, top_k, ">= -1 (0 or -1 means no limit)")
+
+
+def check_top_p(top_p: torch.Tensor) -> None:
+    """In (0, 1] (value check). top_p: float [B]."""
+    check_rows("top_p", ~((top_p > 0) & (top_p <= 1)), top_p, "in (0, 1]")
+
+
+def check_min_p(min_p: torch.Tensor) -> None:
+    """In [0, 1] (value check). min_p: float [B]."""
+    check_rows("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "in [0, 1]")
+
+
+def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int) -> None:
+    """Ids in [-1, V) (value check). draft_tokens: int [B, K]."""
+    bad = (draft_tokens < -1) | (draft_tokens >= vocab_size)
+    if bool(bad.any()):
+        row, position = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"draft_tokens must be in [-1, {vocab_size}) (got {int(draft_tokens[row, position])} "
+            f"at row {row}, position {position})"
+        )
+
+
+def check_finite_logits(name: str, logits: torch.Tensor) -> None:
+    """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V]."""
+    bad = torch.isnan(logits) | (logits == float("inf"))
+    if bool(bad.any()):
+        row, position, token = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} must not hold NaN or +inf (got {logits[row, position, token].item()} "
+            f"at row {row}, position {position}, token {token})"
+        )
+
+
+def check_some_allowed(name: str, masked_logits: torch.Tensor, cause: str) -> None:
+    """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V]."""
+    empty = ~torch.isfinite(masked_logits).any(-1) if masked_logits.shape[-1] else None
+    if empty is not None and bool(empty.any()):
+        row, position = (int(i) for i in empty.nonzero()[0])
+        raise ValueError(f"{name} must allow at least one token with a finite logit ({cause} at row {row}, position {position})")
+
+
+def check_draft_probs(draft_probs: torch.Tensor) -> None:
+    """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V]."""
+    finite = torch.isfinite(draft_probs).all(-1)
+    nonneg = (draft_probs >= 0).all(-1)
+    total = draft_probs.to(torch.float64).sum(-1)
+    normalised = ((total - 1).abs() <= 1e-3) | (total == 0)
+    for ok, rule in ((finite, "finite"), (nonneg, ">= 0"), (normalised, "rows summing to 1 (within 1e-3) or all zero")):
+        if not bool(ok.all()):
+            row, position = (int(i) for i in (~ok).nonzero()[0])
+            raise ValueError(
+                f"draft_probs_full must be {rule} (row {row}, position {position} sums to {total[row, position].item():.6g})"
+            )
+
+
+def check_row_param(
+    name: str, value: object, rows: int, device: torch.device, integer: bool, layout: str = "[B]"
+) -> torch.Tensor:
+    """A per-row parameter as a [rows] tensor: a tensor of that shape, or a Python number broadcast to it.
+
+    integer: True for int64 parameters (top_k), False for float32 ones (temperature, top_p, min_p).
+    """
+    dtype = torch.int64 if integer else torch.float32
+    kind = "an int" if integer else "a float"
+    if isinstance(value, torch.Tensor):
+        ok = not value.dtype.is_floating_point and value.dtype != torch.bool if integer else value.dtype.is_floating_point
+        if not ok:
+            raise TypeError(f"{name} must be {kind} tensor of shape {layout} (got dtype {value.dtype})")
+        if value.dim() == 0:
+            value = value.reshape(1).expand(rows)
+        check_shape(name, value, (rows,), layout)
+        check_same_device({name: value}, device, "the logits")
+        return value.to(dtype)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {kind} tensor of shape {layout} or a number (got {_type_name(value)})")
+    return torch.full((rows,), value, dtype=dtype, device=device)
+
+
+def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]") -> tuple[int | torch.Tensor, bool]:
+    """The seed and whether it is shared by the batch.
+
+    seed: int in [-2**63, 2**64) (uint64 semantics), a 0-d or [1] integer tensor (shared), or a [rows]
+    integer tensor (one key per request). Returns (the int, or int64 [] if shared else int64 [rows], shared).
+    """
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
+            raise TypeError(f"seed must be an int or an integer tensor (got dtype {seed.dtype})")
+        check_same_device({"seed": seed}, device, "the logits")
+        if seed.dim() == 0 or tuple(seed.shape) == (1,):
+            return seed.reshape(()).to(torch.int64), True
+        if tuple(seed.shape) != (rows,):
+            raise ValueError(
+                f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "
+                f"(got shape {list(seed.shape)})"
+            )
+        return seed.to(torch.int64), False
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int or an integer tensor (got {_type_name(seed)})")
+    if not -(1 << 63) <= seed < 1 << 64:
+        raise ValueError(f"seed must fit in 64 bits, in [-2**63, 2**64) (got {seed})")
+    return seed, True

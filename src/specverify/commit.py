@@ -1,0 +1,48 @@
+"""What a verifier's output commits (SPEC §1), and acceptance statistics over a batch."""
+
+from __future__ import annotations
+
+import torch
+
+PAD = -1
+
+
+def committed_tokens(
+    first_rejected_idx: torch.Tensor, recovered_tokens: torch.Tensor, bonus_tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens each row commits: `recovered[:f+1]` when f < K, `recovered[:K] + [bonus]` when f == K.
+
+    first_rejected_idx: int [B]; recovered_tokens: int [B, K]; bonus_tokens: int [B, 1].
+    Returns (tokens: int64 [B, K+1], padded with -1 after the committed ones; num_committed: int64 [B] = f+1).
+    """
+    for name, value, dims in (
+        ("first_rejected_idx", first_rejected_idx, 1),
+        ("recovered_tokens", recovered_tokens, 2),
+        ("bonus_tokens", bonus_tokens, 2),
+    ):
+        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dim() != dims:
+            raise TypeError(f"{name} must be an integer tensor with {dims} dims (got {value!r:.80})")
+    batch, positions = recovered_tokens.shape
+    if tuple(first_rejected_idx.shape) != (batch,) or tuple(bonus_tokens.shape) != (batch, 1):
+        raise ValueError(
+            f"first_rejected_idx must be [B] and bonus_tokens [B, 1] with B = {batch} "
+            f"(got {list(first_rejected_idx.shape)} and {list(bonus_tokens.shape)})"
+        )
+    candidates = torch.cat([recovered_tokens, bonus_tokens], dim=1).to(torch.int64)
+    num_committed = first_rejected_idx.to(torch.int64) + 1
+    positions = torch.arange(positions + 1, device=candidates.device)
+    tokens = torch.where(positions < num_committed[:, None], candidates, PAD)
+    return tokens, num_committed
+
+
+def acceptance_by_position(first_rejected_idx: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """Per draft position j, the fraction of rows that drafted a token at j and had it accepted.
+
+    first_rejected_idx: int [B]; num_drafts: int [B], the drafted (non-padding) length of each row.
+    Returns float64 [max K] (NaN where no row drafted that far).
+    """
+    width = int(num_drafts.max()) if num_drafts.numel() else 0
+    positions = torch.arange(width, device=num_drafts.device)
+    drafted = positions < num_drafts[:, None]
+    accepted = positions < first_rejected_idx[:, None]
+    return (accepted & drafted).sum(0).double() / drafted.sum(0).double()

@@ -1,0 +1,96 @@
+"""Keyed counter-based randomness (SPEC §4): the only place where randomness is made.
+
+Every draw is a pure function of a 64-bit key and a stream number, so there is no generator state,
+nothing shared between calls, and a row's draws never depend on its batch neighbours. Keys are held in
+int64 tensors and read as their uint64 bit pattern; all arithmetic wraps modulo 2**64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Stream of the target sample y_j (SPEC §3.1) and of every bonus token.
+STREAM_TARGET = 0
+#: Stream of the accept coin u of the sampled-draft test (SPEC §3.2).
+STREAM_ACCEPT = 1
+#: Stream of the recovery draw from the residual distribution (SPEC §3.2).
+STREAM_RESIDUAL = 2
+
+#: Row spreading constant for a seed shared by the batch (SPEC §4): row b uses s + b * ROW_STRIDE.
+ROW_STRIDE = 0x9E3779B97F4A7C15
+
+_MASK64 = (1 << 64) - 1
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
+_STREAM_SALT = 0xD1B54A32D192ED03
+
+
+def as_int64_bits(value: int) -> int:
+    """The int64 whose bit pattern is `value` modulo 2**64 (uint64 semantics for Python ints)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right_logical(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """`x >> bits` on the uint64 bit pattern of an int64 tensor (torch's `>>` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser: a bijective 64-bit mixer with full avalanche. x: int64 tensor, any shape."""
+    x = (x ^ _shift_right_logical(x, 30)) * as_int64_bits(_MIX_1)
+    x = (x ^ _shift_right_logical(x, 27)) * as_int64_bits(_MIX_2)
+    return x ^ _shift_right_logical(x, 31)
+
+
+def _mix64_int(x: int) -> int:
+    """mix64 on a Python int (uint64 in, uint64 out); used for per-stream salts."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * _MIX_1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX_2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def keyed_bits(keys: torch.Tensor, stream: int) -> torch.Tensor:
+    """64 random bits per key: `mix64(mix64(key) ^ salt(stream))`. keys: int64 [...] -> int64 [...]."""
+    salt = as_int64_bits(_mix64_int(stream + _STREAM_SALT))
+    return mix64(mix64(keys) ^ salt)
+
+
+def keyed_uniform(keys: torch.Tensor, stream: int) -> torch.Tensor:
+    """One uniform in [0, 1) per key and stream, with 53 random bits.
+
+    keys: int64 (or any integer dtype) tensor [...], read as uint64 bit patterns.
+    stream: int >= 0; STREAM_TARGET, STREAM_ACCEPT and STREAM_RESIDUAL are the ones the verifier uses.
+    Returns float64 [...] on the device of `keys`. Pure: the same key and stream give the same value.
+    """
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"keys must be an integer torch.Tensor (got {type(keys).__name__})")
+    if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
+        raise TypeError(f"keys must be an integer tensor (got dtype {keys.dtype})")
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise ValueError(f"stream must be an int >= 0 (got {stream!r})")
+    bits = keyed_bits(keys.to(torch.int64), stream)
+    return _shift_right_logical(bits, 11).to(torch.float64) * 2.0**-53
+
+
+def row_keys(seed: torch.Tensor, num_positions: int) -> torch.Tensor:
+    """Keys of every (row, position): `s_b + j`. seed: int64 [B] per-row seeds -> int64 [B, num_positions]."""
+    positions = torch.arange(num_positions, dtype=torch.int64, device=seed.device)
+    return seed[:, None] + positions
+
+
+def spread_shared_seed(seed: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Per-row seeds for one seed shared by the batch: `s + b * ROW_STRIDE` (mod 2**64).
+
+    seed: int64 [] -> int64 [B] on the same device (no host read).
+    """
+    rows = torch.arange(batch_size, dtype=torch.int64, device=seed.device)
+    return seed + rows * as_int64_bits(ROW_STRIDE)
+
+
+def per_row_seeds(seed: int | torch.Tensor, shared: bool, rows: int, device: torch.device) -> torch.Tensor:
+    """Each row's seed s_b as int64 [rows]: a shared seed (int or int64 []) is spread by row (SPEC §4)."""
+    if isinstance(seed, int):
+        seed = torch.tensor(as_int64_bits(seed), dtype=torch.int64, device=device)
+    return spread_shared_seed(seed, rows) if shared else seed

@@ -1,0 +1,307 @@
+"""`stochastic_acceptance_sampler` and its family (SPEC §1, §7).
+
+One call: check the arguments -> mask the logits with the grammar bitmasks -> build each position's
+truncated target weights -> draw one keyed uniform per (row, position, stream) -> judge every position
+with the rule of its row (greedy, relaxed, argmax or sampled) -> take the first rejection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import checks
+from .bitmask import apply_bitmask, num_words
+from .categorical import sample_from_weights
+from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, row_keys
+from .truncation import greedy_tokens, is_greedy, truncated_weights
+from .verdicts import argmax_verdict, greedy_verdict, relaxed_verdict, sampled_verdict
+
+DRAFT_PROPOSALS = ("argmax", "sampled")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which work a call needs, known on the host without reading device data unless validating."""
+
+    greedy: bool  # some row may be greedy
+    stochastic: bool  # some row may be sampled
+    relaxed: bool  # some row may use the relaxed rule
+    top_p: bool  # some row may have top_p < 1
+    max_k: int | None  # the largest limited top_k, when known
+
+
+def _hint(name: str, value: object, validate: bool, kind: type) -> int | float | None:
+    """A host-side hint: a Python number, or a 0-d tensor (read only when validating; else ignored)."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise ValueError(f"{name} must be a number or a 0-d tensor (got shape {list(value.shape)})")
+        if not validate:
+            return None
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {'an int' if kind is int else 'a float'}, a 0-d tensor or None (got {type(value).__name__})")
+    return value
+
+
+def _check_max_k(max_k: int | None, top_k: torch.Tensor, vocab: int, validate: bool) -> int | None:
+    """max_k is -1 or a positive int at least every row's top_k (V for rows without a limit)."""
+    if max_k is not None and max_k != -1 and max_k < 1:
+        raise ValueError(f"max_k must be -1 (no limit) or >= 1 (got {max_k})")
+    if not validate:
+        return max_k if max_k is not None and max_k > 0 else None
+    effective = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
+    needed = int(effective.max()) if effective.numel() else 0
+    if max_k is not None and max_k != -1 and max_k < needed:
+        raise ValueError(
+            f"max_k must be -1 or >= the largest top_k ({needed}, counting rows without a limit as V = {vocab}) "
+            f"(got {max_k})"
+        )
+    limited = top_k[(top_k > 0) & (top_k < vocab)]
+    return int(limited.max()) if limited.numel() else None
+
+
+def _check_min_top_p(min_top_p: float | None, top_p: torch.Tensor, validate: bool) -> bool:
+    """min_top_p is in (0, 1] and at most min(top_p). Returns whether some row may need a nucleus."""
+    if min_top_p is not None and not (0 < min_top_p <= 1):
+        raise ValueError(f"min_top_p must be in (0, 1] (got {min_top_p})")
+    if not validate:
+        return min_top_p is None or min_top_p < 1
+    smallest = float(top_p.min()) if top_p.numel() else 1.0
+    if min_top_p is not None and min_top_p > smallest:
+        raise ValueError(f"min_top_p must be <= min(top_p) = {smallest} (got {min_top_p})")
+    return smallest < 1
+
+
+def _check_relaxed(
+    in_thinking_phase: object, relaxed_topk: object, relaxed_delta: object, draft_proposal: str, batch: int, device
+) -> tuple[torch.Tensor | None, int | None, float | None]:
+    """Relaxed arguments are complete, valid and only with "argmax" drafts (SPEC §3.4, §6)."""
+    if (relaxed_topk is None) != (relaxed_delta is None):
+        raise ValueError(
+            "relaxed_topk and relaxed_delta must be given together or not at all "
+            f"(got relaxed_topk={relaxed_topk!r}, relaxed_delta={relaxed_delta!r})"
+        )
+    if in_thinking_phase is not None and relaxed_topk is None:
+        raise ValueError("in_thinking_phase needs relaxed_topk and relaxed_delta (got neither)")
+    if relaxed_topk is None:
+        return None, None, None
+    if draft_proposal != "argmax":
+        raise ValueError(
+            f'relaxed_topk/relaxed_delta need draft_proposal="argmax" (got draft_proposal="{draft_proposal}")'
+        )
+    topk = checks.check_int("relaxed_topk", relaxed_topk, minimum=1)
+    delta = checks.check_float("relaxed_delta", relaxed_delta, 0.0, math.inf, "a finite float >= 0")
+    if in_thinking_phase is not None:
+        checks.check_tensor("in_thinking_phase", in_thinking_phase, (torch.bool,), "a bool tensor [B]")
+        checks.check_shape("in_thinking_phase", in_thinking_phase, (batch,), "[B]")
+        checks.check_same_device({"in_thinking_phase": in_thinking_phase}, device, "target_logits")
+    return in_thinking_phase, topk, delta
+
+
+def _logits_3d(target_logits: object, batch: int, positions: int) -> torch.Tensor:
+    """target_logits as [B, K+1, V] (a view), from [B*(K+1), V] or [B, K+1, V]."""
+    checks.check_tensor(
+        "target_logits", target_logits, checks.FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor"
+    )
+    shape = list(target_logits.shape)
+    if target_logits.dim() == 2 and shape[0] == batch * (positions + 1) and shape[1] >= 1:
+        return target_logits.view(batch, positions + 1, shape[1])
+    if target_logits.dim() == 3 and shape[:2] == [batch, positions + 1] and shape[2] >= 1:
+        return target_logits
+    raise ValueError(
+        f"target_logits must have shape [B*(K+1), V] = [{batch * (positions + 1)}, V] or "
+        f"[B, K+1, V] = [{batch}, {positions + 1}, V] with V >= 1 (got {shape})"
+    )
+
+
+def stochastic_acceptance_sampler(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    max_k: int | torch.Tensor | None,
+    top_p: torch.Tensor,
+    min_top_p: float | torch.Tensor | None,
+    seed: int | torch.Tensor,
+    in_thinking_phase: torch.Tensor | None = None,
+    relaxed_topk: int | None = None,
+    relaxed_delta: float | None = None,
+    token_bitmasks: torch.Tensor | None = None,
+    draft_proposal: str = "argmax",
+    draft_probs_full: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+    *,
+    min_p: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify K draft tokens per request against the target: how many to keep, what replaces the first
+    rejection, and the bonus token (SPEC §1-§5). Lossless for every row that is not relaxed.
+
+    draft_tokens: int32/int64 [B, K]; -1 is padding and the first -1 ends that row's draft.
+    target_logits: float32/float16/bfloat16 [B*(K+1), V] or [B, K+1, V]; position K scores the bonus.
+    temperature: float [B] (< 1e-5: greedy row); top_k: int [B] (<= 0: no limit); top_p: float [B] in (0, 1];
+    min_p: float [B] in [0, 1] or None. Per-row parameters may also be Python numbers (every row).
+    max_k: -1, an int >= the largest top_k, or None (derived); min_top_p: <= min(top_p) or None (derived).
+    Hints given as 0-d tensors are read only when validating.
+    seed: int or 0-d/[1] integer tensor shared by the batch (row b uses s + b * 0x9E3779B97F4A7C15),
+    or int [B] per request; the draw at position j of row b is keyed by (s_b + j, stream).
+    in_thinking_phase: bool [B] or None, with relaxed_topk (int >= 1) and relaxed_delta (float >= 0).
+    token_bitmasks: int32 [B, K+1, ceil(V/32)] or None. draft_proposal: "argmax" or "sampled";
+    draft_probs_full: float [B, K, V], required for "sampled". vocab_size: optional, must equal V.
+    validate: check every value (SPEC §6); False skips the checks that read tensor data to the host.
+
+    Returns int64 tensors on the device of target_logits: first_rejected_idx [B] (K when all accepted),
+    recovered_tokens [B, K] (accepted drafts before f, the replacement at f), bonus_tokens [B, 1].
+    """
+    checks.check_tensor("draft_tokens", draft_tokens, checks.INDEX_DTYPES, "an int32 or int64 tensor [B, K]")
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must have shape [B, K] (got {list(draft_tokens.shape)})")
+    batch, positions = draft_tokens.shape
+    logits = _logits_3d(target_logits, batch, positions)
+    vocab, device = logits.shape[-1], logits.device
+    if draft_proposal not in DRAFT_PROPOSALS:
+        raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
+    if vocab_size is not None and checks.check_int("vocab_size", vocab_size) != vocab:
+        raise ValueError(f"vocab_size must equal the logits' V = {vocab} (got {vocab_size})")
+    temperature = checks.check_row_param("temperature", temperature, batch, device, integer=False)
+    top_k = checks.check_row_param("top_k", top_k, batch, device, integer=True)
+    top_p = checks.check_row_param("top_p", top_p, batch, device, integer=False)
+    if min_p is not None:
+        min_p = checks.check_row_param("min_p", min_p, batch, device, integer=False)
+    seed, shared_seed = checks.check_seed(seed, batch, device)
+    in_thinking_phase, relaxed_topk, relaxed_delta = _check_relaxed(
+        in_thinking_phase, relaxed_topk, relaxed_delta, draft_proposal, batch, device
+    )
+    if token_bitmasks is not None:
+        checks.check_tensor("token_bitmasks", token_bitmasks, (torch.int32,), "an int32 tensor [B, K+1, ceil(V/32)]")
+        checks.check_shape("token_bitmasks", token_bitmasks, (batch, positions + 1, num_words(vocab)), "[B, K+1, ceil(V/32)]")
+    if draft_proposal == "sampled":
+        if draft_probs_full is None:
+            raise ValueError('draft_probs_full is required when draft_proposal="sampled" (got None)')
+        checks.check_tensor("draft_probs_full", draft_probs_full, checks.FLOAT_DTYPES + (torch.float64,), "a float tensor [B, K, V]")
+        checks.check_shape("draft_probs_full", draft_probs_full, (batch, positions, vocab), "[B, K, V]")
+    elif draft_probs_full is not None:
+        raise ValueError('draft_probs_full must be None when draft_proposal="argmax" (got a tensor)')
+    checks.check_same_device(
+        {"draft_tokens": draft_tokens, "token_bitmasks": token_bitmasks, "draft_probs_full": draft_probs_full},
+        device,
+        "target_logits",
+    )
+    max_k = _check_max_k(_hint("max_k", max_k, validate, int), top_k, vocab, validate)
+    needs_top_p = _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p, validate)
+
+    masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
+    if validate:
+        checks.check_draft_ids(draft_tokens, vocab)
+        checks.check_finite_logits("target_logits", logits)
+        checks.check_temperature(temperature)
+        checks.check_top_k(top_k)
+        checks.check_top_p(top_p)
+        if min_p is not None:
+            checks.check_min_p(min_p)
+        if draft_probs_full is not None:
+            checks.check_draft_probs(draft_probs_full)
+        cause = "token_bitmasks allow no token with a finite logit" if token_bitmasks is not None else "every logit is -inf"
+        checks.check_some_allowed("target_logits", masked, cause)
+        greedy_rows = is_greedy(temperature)
+        relaxed_rows = in_thinking_phase & ~greedy_rows if in_thinking_phase is not None else None
+        plan = _Plan(
+            greedy=bool(greedy_rows.any()),
+            stochastic=not bool(greedy_rows.all()),
+            relaxed=relaxed_rows is not None and bool(relaxed_rows.any()),
+            top_p=needs_top_p,
+            max_k=max_k,
+        )
+    else:
+        plan = _Plan(greedy=True, stochastic=True, relaxed=in_thinking_phase is not None, top_p=needs_top_p, max_k=max_k)
+
+    draft = _draft_or_padding(draft_tokens, vocab)
+    seeds = per_row_seeds(seed, shared_seed, batch, device)
+    first, recovered, bonus = _verify(
+        draft, masked, temperature, top_k, top_p, min_p, seeds, plan,
+        in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
+    )
+    return first, recovered, bonus
+
+
+def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int64 [B, K] with -1 at every position from a row's first non-id (-1, or out of range) onward."""
+    draft = draft_tokens.to(torch.int64)
+    present = ((draft >= 0) & (draft < vocab)).to(torch.int64).cumprod(-1).bool()
+    return torch.where(present, draft, -1)
+
+
+def _verify(
+    draft: torch.Tensor,
+    masked: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    plan: _Plan,
+    in_thinking_phase: torch.Tensor | None,
+    relaxed_topk: int | None,
+    relaxed_delta: float | None,
+    draft_probs: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V]."""
+    batch, positions = draft.shape
+    vocab, device = masked.shape[-1], masked.device
+    accepted = torch.zeros(batch, positions, dtype=torch.bool, device=device)
+    recovered = torch.zeros(batch, positions, dtype=torch.int64, device=device)
+    bonus = torch.zeros(batch, dtype=torch.int64, device=device)
+    greedy_rows = is_greedy(temperature)
+
+    if plan.stochastic:
+        keys = row_keys(seeds, positions + 1)
+        weights = truncated_weights(
+            masked.reshape(-1, vocab),
+            temperature.repeat_interleave(positions + 1),
+            top_k.repeat_interleave(positions + 1),
+            top_p.repeat_interleave(positions + 1),
+            None if min_p is None else min_p.repeat_interleave(positions + 1),
+            max_k=plan.max_k,
+            use_top_p=plan.top_p,
+        ).view(batch, positions + 1, vocab)
+        target_uniforms = keyed_uniform(keys, STREAM_TARGET)
+        if draft_probs is None:
+            target_sample = sample_from_weights(weights.view(-1, vocab), target_uniforms.view(-1)).view(batch, -1)
+            accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
+            bonus = target_sample[:, positions]
+        else:
+            drafted = weights[:, :positions]
+            target_probs = drafted / drafted.sum(-1, keepdim=True)
+            accepted, recovered = sampled_verdict(
+                draft,
+                target_probs,
+                draft_probs,
+                keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
+                keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),
+            )
+            bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions])
+
+    if plan.relaxed:
+        relaxed_rows = (in_thinking_phase & ~greedy_rows)[:, None]
+        relaxed_accepted, relaxed_recovered = relaxed_verdict(draft, masked[:, :positions], relaxed_topk, relaxed_delta)
+        accepted = torch.where(relaxed_rows, relaxed_accepted, accepted)
+        recovered = torch.where(relaxed_rows, relaxed_recovered, recovered)
+
+    if plan.greedy:
+        target_argmax = greedy_tokens(masked)
+        greedy_accepted, greedy_recovered = greedy_verdict(draft, target_argmax[:, :positions])
+        accepted = torch.where(greedy_rows[:, None], greedy_accepted, accepted)
+        recovered = torch.where(greedy_rows[:, None], greedy_recovered, recovered)
+        bonus = torch.where(greedy_rows, target_argmax[:, positions], bonus)
+
+    return _first_rejection(accepted), recovered, bonus[:, None]
+
+
+def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
+    """Index of the first False per row, K when none. accepted: bool [B, K] -> int64 [B]."""
+    return accepted.to(torch.int64).cumprod(-1).sum(-1)

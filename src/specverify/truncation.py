@@ -1,0 +1,204 @@
+"""The truncated target distribution p~ (SPEC §2) and the plain sampler on the verifier's keys (SPEC §4).
+
+Internally every distribution is carried as unnormalised weights `exp((x - max x) / T)`, whose largest
+entry is exactly 1: top-k, top-p and min-p are thresholds on these weights (ties kept), so p~ is the
+weights at or above the highest of the three thresholds, renormalised. No full-vocabulary sort is made:
+top-k uses `torch.topk` when a small `max_k` is known and radix selection (selection.py) otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import checks
+from .bitmask import apply_bitmask, num_words
+from .categorical import sample_from_weights
+from .rng import STREAM_TARGET, keyed_uniform, per_row_seeds
+from .selection import largest_reaching_threshold
+
+#: Rows with temperature below this are greedy (SPEC §3.3).
+GREEDY_TEMPERATURE = 1e-5
+#: The nucleus is reached when its mass is within this relative float32 rounding of top_p (SPEC §2 step 4).
+TOP_P_RTOL = 1e-6
+#: Above this many columns a top-k by `torch.topk` costs more than radix selection.
+TOPK_WINDOW_LIMIT = 4096
+
+
+def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
+    """temperature: float [N] -> bool [N]."""
+    return temperature < GREEDY_TEMPERATURE
+
+
+def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
+    return torch.nan_to_num(masked_logits.float(), nan=float("-inf")).argmax(-1)
+
+
+def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """exp((x - max x) / T) in float32, the max entry exactly 1; greedy rows use T = 1 (they are not sampled).
+
+    logits: float [N, V] (masked: -inf for disallowed); temperature: float [N] -> float32 [N, V] in [0, 1].
+    """
+    x = logits.float()
+    top = x.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    scale = torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]
+    return torch.exp((x - top) / scale)
+
+
+def top_k_threshold(weights: torch.Tensor, top_k: torch.Tensor, max_k: int | None) -> torch.Tensor:
+    """The k-th largest weight of each row; 0 for rows without a limit (top_k <= 0 or >= V).
+
+    weights: float32 [N, V]; top_k: int64 [N]; max_k: the largest top_k when known and small enough to use
+    `torch.topk`, else None. Returns float32 [N].
+    """
+    vocab = weights.shape[-1]
+    limited = (top_k > 0) & (top_k < vocab)
+    k = torch.where(limited, top_k, 1)
+    if max_k is not None and 0 < max_k <= min(vocab, TOPK_WINDOW_LIMIT):
+        window = torch.topk(weights, max_k, dim=-1, sorted=True).values
+        kth = window.gather(1, (k - 1).clamp(max=max_k - 1)[:, None])[:, 0]
+    else:
+        kth = largest_reaching_threshold(weights, k.to(torch.float64))
+    return torch.where(limited, kth, torch.zeros_like(kth))
+
+
+def nucleus_threshold(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Smallest weight of the shortest most-likely prefix whose mass reaches top_p of the row's mass.
+
+    weights: float32 [N, V] (already top-k truncated); top_p: float [N] in (0, 1]. Returns float32 [N];
+    0 for rows with top_p >= 1 (nothing dropped).
+    """
+    mass = weights.sum(-1, dtype=torch.float64)
+    target = top_p.to(torch.float64) * mass * (1 - TOP_P_RTOL)
+    threshold = largest_reaching_threshold(weights, target, weights)
+    return torch.where(top_p >= 1, torch.zeros_like(threshold), threshold)
+
+
+def truncate_weights(
+    weights: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    max_k: int | None,
+    use_top_p: bool = True,
+) -> torch.Tensor:
+    """Zero every weight outside the kept set of SPEC §2 steps 3-5. weights: float32 [N, V] -> [N, V].
+
+    use_top_p: False when every row is known to have top_p == 1 (skips the nucleus search).
+    """
+    threshold = top_k_threshold(weights, top_k, max_k)
+    if use_top_p:
+        after_top_k = torch.where(weights >= threshold[:, None], weights, 0.0)
+        threshold = torch.maximum(threshold, nucleus_threshold(after_top_k, top_p))
+    if min_p is not None:
+        threshold = torch.maximum(threshold, min_p.float())  # the largest weight is exactly 1
+    return torch.where(weights >= threshold[:, None], weights, 0.0)
+
+
+def _prepare(
+    logits: object,
+    temperature: object,
+    top_k: object,
+    top_p: object,
+    min_p: object,
+    token_bitmask: object,
+    validate: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Check the arguments of truncated_probs / sample and mask the logits -> (masked [N, V], params...)."""
+    checks.check_tensor("logits", logits, checks.FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor [N, V]")
+    if logits.dim() != 2 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must have shape [N, V] with V >= 1 (got {list(logits.shape)})")
+    rows, vocab = logits.shape
+    device = logits.device
+    temperature = checks.check_row_param("temperature", temperature, rows, device, integer=False, layout="[N]")
+    top_k = checks.check_row_param("top_k", top_k, rows, device, integer=True, layout="[N]")
+    top_p = checks.check_row_param("top_p", top_p, rows, device, integer=False, layout="[N]")
+    if min_p is not None:
+        min_p = checks.check_row_param("min_p", min_p, rows, device, integer=False, layout="[N]")
+    if token_bitmask is not None:
+        checks.check_tensor("token_bitmask", token_bitmask, (torch.int32,), "an int32 tensor [N, ceil(V/32)]")
+        checks.check_shape("token_bitmask", token_bitmask, (rows, num_words(vocab)), "[N, ceil(V/32)]")
+    checks.check_same_device({"token_bitmask": token_bitmask}, device, "logits")
+    masked = logits if token_bitmask is None else apply_bitmask(logits, token_bitmask)
+    if validate:
+        checks.check_finite_logits("logits", logits[:, None, :])
+        checks.check_temperature(temperature)
+        checks.check_top_k(top_k)
+        checks.check_top_p(top_p)
+        if min_p is not None:
+            checks.check_min_p(min_p)
+        cause = "token_bitmask allows no token with a finite logit" if token_bitmask is not None else "every logit is -inf"
+        checks.check_some_allowed("logits", masked[:, None, :], cause)
+    return masked, temperature, top_k, top_p, min_p
+
+
+def truncated_weights(
+    masked_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    max_k: int | None = None,
+    use_top_p: bool = True,
+) -> torch.Tensor:
+    """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] -> float32 [N, V]."""
+    weights = scaled_weights(masked_logits, temperature)
+    return truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
+
+
+def truncated_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+    token_bitmask: torch.Tensor | None = None,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """The truncated target distribution p~ of SPEC §2, one row per logits row.
+
+    logits: float32/float16/bfloat16 [N, V]; temperature, top_p, min_p: float [N]; top_k: int [N]
+    (<= 0 means no limit); token_bitmask: int32 [N, ceil(V/32)] or None. Per-row parameters may also be
+    given as Python numbers, which apply to every row.
+    Returns float32 [N, V], each row summing to 1. Greedy rows (temperature < 1e-5) are one-hot at the
+    argmax of the masked logits (lowest index on ties), which is what the verifier commits for them.
+    """
+    masked, temperature, top_k, top_p, min_p = _prepare(
+        logits, temperature, top_k, top_p, min_p, token_bitmask, validate
+    )
+    weights = truncated_weights(masked, temperature, top_k, top_p, min_p)
+    probs = weights / weights.sum(-1, keepdim=True)
+    one_hot = torch.nn.functional.one_hot(greedy_tokens(masked), masked.shape[-1]).float()
+    return torch.where(is_greedy(temperature)[:, None], one_hot, probs)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: int | torch.Tensor,
+    min_p: torch.Tensor | None = None,
+    token_bitmask: torch.Tensor | None = None,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Plain (non-speculative) sampling of one token per row from p~, on the verifier's keys (SPEC §4).
+
+    logits: float [N, V]; parameters as in `truncated_probs`; seed: int or 0-d/[1] integer tensor shared
+    by the batch (row n uses s + n * 0x9E3779B97F4A7C15), or int [N] per row. Row n's draw is keyed by
+    (s_n, target stream), so `sample(logits, ..., seed=base + n)` for the n-th generated token gives
+    exactly the tokens the verifier commits in argmax mode with per-request seed base + tokens generated.
+    Returns int64 [N]; greedy rows return the argmax.
+    """
+    masked, temperature, top_k, top_p, min_p = _prepare(
+        logits, temperature, top_k, top_p, min_p, token_bitmask, validate
+    )
+    rows = masked.shape[0]
+    seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
+    seeds = per_row_seeds(seed, shared, rows, masked.device)
+    weights = truncated_weights(masked, temperature, top_k, top_p, min_p)
+    drawn = sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET))
+    return torch.where(is_greedy(temperature), greedy_tokens(masked), drawn)

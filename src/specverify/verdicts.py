@@ -1,0 +1,88 @@
+"""One function per acceptance rule (SPEC §3): each judges every draft position of a batch at once.
+
+Every verdict takes `draft: int64 [B, K]` with -1 where the row has no draft token (padding, and every
+position after a row's first -1) and returns `(accepted: bool [B, K], recovered: int64 [B, K])`, where
+`recovered` is the token committed at that position if it is the first rejection (and the draft token
+where accepted). A position without a draft is never accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .categorical import sample_from_weights
+from .truncation import greedy_tokens
+
+
+def _draft_column(draft: torch.Tensor) -> torch.Tensor:
+    """The draft as gather indices, with -1 mapped to 0 (its entries are ignored). [B, K] -> [B, K, 1]."""
+    return draft.clamp(min=0)[..., None]
+
+
+def argmax_verdict(draft: torch.Tensor, target_sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §3.1: accept iff the draft equals y_j ~ p~_j; the committed token is y_j either way.
+
+    target_sample: int64 [B, K], the keyed draws y_j.
+    """
+    return draft == target_sample, target_sample
+
+
+def greedy_verdict(draft: torch.Tensor, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §3.3: accept iff the draft equals the argmax of the masked logits. target_argmax: int64 [B, K]."""
+    return draft == target_argmax, target_argmax
+
+
+def sampled_verdict(
+    draft: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    residual_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §3.2: the ratio test `reject iff u * q(d) >= p~(d)` with recovery from max(0, p~ - q).
+
+    target_probs: float32 [B, K, V], p~ normalised; draft_probs: float [B, K, V], q;
+    accept_uniforms, residual_uniforms: float64 [B, K].
+    Where q(d) == 0 the position is judged without a distribution: q(d) counts as 1 and the residual is p~
+    with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
+    """
+    batch, positions, vocab = target_probs.shape
+    has_draft = draft >= 0
+    column = _draft_column(draft)
+    p_draft = target_probs.gather(-1, column)[..., 0].double()
+    q_draft = draft_probs.gather(-1, column)[..., 0].double()
+    blind = q_draft <= 0
+    rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
+    accepted = has_draft & ~rejected
+
+    subtracted = torch.where((has_draft & ~blind)[..., None], draft_probs.float(), 0.0)
+    residual = (target_probs - subtracted).clamp(min=0)
+    at_draft = residual.gather(-1, column)
+    residual = residual.scatter(-1, column, torch.where((has_draft & blind)[..., None], 0.0, at_draft))
+    empty = ~(residual > 0).any(-1, keepdim=True)
+    residual = torch.where(empty, target_probs, residual)
+    drawn = sample_from_weights(residual.reshape(-1, vocab), residual_uniforms.reshape(-1))
+    recovered = torch.where(accepted, draft, drawn.reshape(batch, positions))
+    return accepted, recovered
+
+
+def relaxed_verdict(
+    draft: torch.Tensor, masked_logits: torch.Tensor, relaxed_topk: int, relaxed_delta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §3.4 (lossy by design): on softmax(masked logits) without temperature, accept iff the draft is
+    among the `relaxed_topk` most likely tokens and p(d) >= p(top-1) - relaxed_delta; recover the top-1.
+
+    masked_logits: float [B, K, V]. "Among the k most likely" counts exactly k tokens: a token tied with
+    the k-th is in only if its id is lower (the order of a stable sort), so the worked example of the
+    issue holds: probs [.05, .10, .20, .50, .10, .05], top-3 = {3, 2, 1}, and draft 4 is rejected.
+    """
+    probs = torch.softmax(masked_logits.float(), dim=-1)
+    top1 = greedy_tokens(masked_logits)
+    column = _draft_column(draft)
+    p_draft = probs.gather(-1, column)
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    rank = (probs > p_draft).sum(-1) + ((probs == p_draft) & (ids < column)).sum(-1)
+    p_top1 = probs.gather(-1, top1[..., None])[..., 0].double()
+    close = p_draft[..., 0].double() >= p_top1 - relaxed_delta
+    accepted = (draft >= 0) & (rank < relaxed_topk) & close
+    return accepted, torch.where(accepted, draft, top1)

@@ -31,18 +31,19 @@ def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.
     Returns int64 [N] in [0, V). A row without positive weight (invalid input) returns a valid id.
     """
     rows, vocab = weights.shape
-    full_blocks = vocab // BLOCK
-    head = weights[:, : full_blocks * BLOCK].reshape(rows, full_blocks, BLOCK)
+    size = min(BLOCK, vocab)
+    full_blocks = vocab // size
+    head = weights[:, : full_blocks * size].reshape(rows, full_blocks, size)
     block_sums = torch.cat(
-        [head.sum(-1, dtype=torch.float64), weights[:, full_blocks * BLOCK :].sum(-1, keepdim=True, dtype=torch.float64)],
+        [head.sum(-1, dtype=torch.float64), weights[:, full_blocks * size :].sum(-1, keepdim=True, dtype=torch.float64)],
         dim=-1,
     )
     block_cdf = block_sums.cumsum(-1)
     target = uniforms * block_cdf[:, -1]
     block = _cdf_index(block_sums, target)
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
-    columns = block[:, None] * BLOCK + torch.arange(BLOCK, device=weights.device)
+    columns = block[:, None] * size + torch.arange(size, device=weights.device)
     inside = columns < vocab
     block_weights = torch.where(inside, weights.gather(1, columns.clamp(max=vocab - 1)), 0).to(torch.float64)
-    token = block * BLOCK + _cdf_index(block_weights, target - before)
+    token = block * size + _cdf_index(block_weights, target - before)
     return token.clamp(0, vocab - 1)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+#: Up to this vocabulary, comparing every pair of values costs less than the histograms.
+PAIRWISE_LIMIT = 64
 _LEVEL_SHIFTS = (20, 10, 0)
 _BUCKETS = 1024
 _LOW_BITS = _BUCKETS - 1
@@ -24,11 +26,25 @@ def largest_reaching_threshold(
     weights: float32 [N, V] or None, where None weighs every value 1 (so t is the target-th largest value).
     Returns float32 [N]; 0 where the whole row's weight is below its target (everything is kept).
     """
-    rows = values.shape[0]
-    bits = values.contiguous().view(torch.int32)
     target = target.to(torch.float64)
     if weights is None:
         weights = torch.ones((), dtype=torch.float32, device=values.device).expand_as(values)
+    if values.shape[-1] <= PAIRWISE_LIMIT:
+        return _pairwise_threshold(values, target, weights)
+    return _radix_threshold(values, target, weights)
+
+
+def _pairwise_threshold(values: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """For small V: the tail weight at every candidate value, from all V*V comparisons."""
+    tail = ((values[:, None, :] >= values[:, :, None]) * weights[:, None, :]).sum(-1, dtype=torch.float64)
+    candidates = torch.where(tail >= target[:, None], values, torch.zeros_like(values))
+    return candidates.amax(-1) if values.shape[-1] else torch.zeros(values.shape[0], device=values.device)
+
+
+def _radix_threshold(values: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Radix selection on the float32 bit patterns: three histogram passes of 1024 buckets."""
+    rows = values.shape[0]
+    bits = values.contiguous().view(torch.int32)
     prefix = torch.zeros(rows, dtype=torch.int32, device=values.device)
     above = torch.zeros(rows, dtype=torch.float64, device=values.device)
     reached_anywhere = None

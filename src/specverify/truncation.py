@@ -18,8 +18,9 @@ from .selection import largest_reaching_threshold
 
 #: Rows with temperature below this are greedy (SPEC §3.3).
 GREEDY_TEMPERATURE = 1e-5
-#: The nucleus is reached when its mass is within this relative float32 rounding of top_p (SPEC §2 step 4).
-TOP_P_RTOL = 1e-6
+#: Boundaries given as fractions (top_p's mass, min_p's ratio) are met within this relative float32
+#: rounding, so that a token exactly on the boundary in exact arithmetic is kept (SPEC §2 steps 4-5).
+BOUNDARY_RTOL = 1e-6
 #: Above this many columns a top-k by `torch.topk` costs more than radix selection.
 TOPK_WINDOW_LIMIT = 4096
 
@@ -70,7 +71,7 @@ def nucleus_threshold(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tenso
     0 for rows with top_p >= 1 (nothing dropped).
     """
     mass = weights.sum(-1, dtype=torch.float64)
-    target = top_p.to(torch.float64) * mass * (1 - TOP_P_RTOL)
+    target = top_p.to(torch.float64) * mass * (1 - BOUNDARY_RTOL)
     threshold = largest_reaching_threshold(weights, target, weights)
     return torch.where(top_p >= 1, torch.zeros_like(threshold), threshold)
 
@@ -92,7 +93,8 @@ def truncate_weights(
         after_top_k = torch.where(weights >= threshold[:, None], weights, 0.0)
         threshold = torch.maximum(threshold, nucleus_threshold(after_top_k, top_p))
     if min_p is not None:
-        threshold = torch.maximum(threshold, min_p.float())  # the largest weight is exactly 1
+        # the largest weight is exactly 1, so min_p * max(p) is min_p itself
+        threshold = torch.maximum(threshold, min_p.float() * (1 - BOUNDARY_RTOL))
     return torch.where(weights >= threshold[:, None], weights, 0.0)
 
 

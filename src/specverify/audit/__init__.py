@@ -1,0 +1,1 @@
+"""Losslessness audit: exact laws (exact.py) held against what a verifier commits."""

@@ -1,0 +1,165 @@
+"""Drafters: what proposes the K tokens the target then verifies.
+
+A drafter sees each row's whole context (prompt and generated tokens) and proposes up to k next tokens
+per row, padded with -1 (ragged). It may be stateful (a draft model keeps a KV cache), but it must not
+assume that its previous proposal was accepted: it is handed the committed context every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+import specverify
+
+from .model import PAD, LanguageModel, Session
+from .params import RowParams
+
+#: Added to the verifier's per-row seed for the draft model's own draws: a key region far from the
+#: verifier's (s + position), so a draft is never drawn with a uniform the verifier also uses.
+DRAFT_SEED_OFFSET = 0x2545F4914F6CDD1D
+
+
+@dataclass
+class Draft:
+    """tokens: int64 [B, K], -1 padded; probs: float32 [B, K, V], the distribution each token was drawn
+    from (zero rows at padding), or None for a deterministic proposal."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+class Drafter(Protocol):
+    def propose(
+        self,
+        contexts: Sequence[Sequence[int]],
+        k: int,
+        *,
+        params: RowParams,
+        seeds: torch.Tensor,
+        sampled: bool,
+    ) -> Draft:
+        """Up to k tokens for each context. params: the target's sampling parameters [B]; seeds: int64
+        [B], the verifier's seeds for this step; sampled: draw from a distribution and return it (else
+        propose deterministically)."""
+        ...
+
+
+def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.Tensor:
+    """Right-pad token lists with -1 -> int64 [len(rows), width (default: the longest)]."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), PAD, dtype=torch.int64)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.as_tensor(list(r[:width]), dtype=torch.int64)
+    return out
+
+
+def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
+    """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
+    suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
+    int64 [<= k] (empty when no suffix recurs)."""
+    length = context.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = context[:-1].unfold(0, n, 1)  # window i = context[i:i+n], always followed by a token
+        hits = (windows == context[-n:]).all(1).nonzero()
+        if hits.numel():
+            start = int(hits[-1, 0]) + n
+            return context[start : start + k]
+    return context[:0]
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting: copy what followed the last earlier occurrence of the context's suffix.
+
+    Deterministic, so in "sampled" mode its draft is the one-hot distribution on each proposed token.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram (got min_ngram={min_ngram}, max_ngram={max_ngram})")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(
+        self,
+        contexts: Sequence[Sequence[int]],
+        k: int,
+        *,
+        params: RowParams,
+        seeds: torch.Tensor,
+        sampled: bool,
+    ) -> Draft:
+        rows = [
+            lookup_continuation(torch.as_tensor(list(c), dtype=torch.int64), k, self.max_ngram, self.min_ngram).tolist()
+            for c in contexts
+        ]
+        return Draft(pad_rows(rows, k))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ModelDrafter:
+    """A second, cheaper language model with the target's tokenizer drafts k tokens autoregressively.
+
+    With sampled=False it proposes its argmax; with sampled=True it samples each token from its own
+    distribution truncated like the target's (`specverify.truncated_probs` with the target's params) on
+    keys offset from the verifier's, and returns those distributions as `draft_probs_full`. Its KV cache
+    follows the committed contexts: each call keeps the longest prefix it still shares with them.
+    """
+
+    def __init__(self, model: LanguageModel):
+        self.model = model
+        self._session: Session | None = None
+        self._cached: list[list[int]] = []
+
+    def propose(
+        self,
+        contexts: Sequence[Sequence[int]],
+        k: int,
+        *,
+        params: RowParams,
+        seeds: torch.Tensor,
+        sampled: bool,
+    ) -> Draft:
+        batch = len(contexts)
+        if k == 0:
+            empty = torch.empty(batch, 0, dtype=torch.int64)
+            return Draft(empty, torch.empty(batch, 0, self.model.vocab_size) if sampled else None)
+        logits = self._catch_up(contexts)
+        params, seeds = params.to(logits.device), seeds.to(logits.device)
+        tokens, probs = [], []
+        for j in range(k):
+            if sampled:
+                probs.append(specverify.truncated_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p))
+                seed = seeds + DRAFT_SEED_OFFSET + j
+                tokens.append(specverify.sample(logits, params.temperature, params.top_k, params.top_p, seed, params.min_p))
+            else:
+                tokens.append(logits.argmax(-1))
+            if j < k - 1:
+                logits = self._session.extend(tokens[-1][:, None])[:, 0].float()
+        drafts = torch.stack(tokens, 1)
+        self._cached = [list(c) + drafts[b, : k - 1].tolist() for b, c in enumerate(contexts)]
+        return Draft(drafts, torch.stack(probs, 1) if sampled else None)
+
+    def _catch_up(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Roll the cache back to what it shares with contexts, feed the rest -> float32 [B, V]: the
+        draft model's logits for each context's next token."""
+        if self._session is None or len(self._cached) != len(contexts):
+            self._session = self.model.session(len(contexts))
+            self._cached = [[] for _ in contexts]
+        keep = [min(common_prefix(c, s), len(s) - 1) for c, s in zip(self._cached, contexts)]
+        self._session.truncate(torch.tensor(keep, dtype=torch.int64))
+        feed = [list(s[n:]) for s, n in zip(contexts, keep)]
+        logits = self._session.extend(pad_rows(feed))
+        last = torch.tensor([len(f) - 1 for f in feed])
+        return logits[torch.arange(len(feed)), last].float()

@@ -1,0 +1,150 @@
+"""The language-model protocol the decoding loop needs, and its implementation for transformers models.
+
+A `LanguageModel` opens `Session`s: one per generation, holding a batch of B token contexts (row b is
+request b) and whatever cache makes extending them cheap. The loop needs only two operations:
+`extend` appends tokens to every row and returns the logits at the appended positions, and `truncate`
+rolls rows back to shorter contexts (dropping rejected draft tokens). A user brings another model by
+implementing these two methods; `HFLanguageModel` wraps any transformers causal LM with a KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+PAD = -1
+
+
+class Session(Protocol):
+    """B token contexts and their cache. `lengths`: int64 [B], the context length of each row."""
+
+    lengths: torch.Tensor
+
+    def extend(self, tokens: torch.Tensor, *, return_logits: bool = True) -> torch.Tensor | None:
+        """Append the tokens of each row; -1 pads the end of a row (appends nothing).
+
+        tokens: int64 [B, T] -> logits float [B, T, V]: position t scores the token after tokens[:, t]
+        (rows of padding positions hold finite values to be ignored); None when return_logits is False.
+        """
+        ...
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Keep the first lengths[b] tokens of row b's context. lengths: int [B], each <= the current length."""
+        ...
+
+
+class LanguageModel(Protocol):
+    """A causal language model over `vocab_size` tokens."""
+
+    vocab_size: int
+
+    def session(self, batch_size: int) -> Session:
+        """A new, empty batch of `batch_size` contexts."""
+        ...
+
+
+def check_extension(tokens: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Validate `Session.extend` input: int [B, T], -1 only as right padding. Returns the real-token mask [B, T]."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dim() != 2:
+        raise TypeError(f"tokens must be an integer tensor [B, T] (got {tokens!r:.80})")
+    if tokens.shape[0] != batch_size:
+        raise ValueError(f"tokens must have B = {batch_size} rows (got {tokens.shape[0]})")
+    real = tokens != PAD
+    if (tokens < PAD).any():
+        raise ValueError(f"tokens must be ids >= 0 or -1 padding (got {int(tokens.min())})")
+    if (real[:, 1:] & ~real[:, :-1]).any():
+        raise ValueError("tokens may hold -1 only as right padding (a real token follows a -1)")
+    return real
+
+
+def check_truncation(lengths: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """Validate `Session.truncate` input against the current lengths [B]. Returns int64 [B]."""
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    if lengths.shape != current.shape:
+        raise ValueError(f"lengths must have shape {list(current.shape)} (got {list(lengths.shape)})")
+    bad = (lengths < 0) | (lengths > current)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"lengths must be in [0, current length] (got {int(lengths[row])} at row {row}, "
+            f"current length {int(current[row])})"
+        )
+    return lengths
+
+
+class HFLanguageModel:
+    """Any transformers causal LM (`model(input_ids, attention_mask, position_ids, cache=...)`), in eval mode."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    def session(self, batch_size: int) -> HFSession:
+        return HFSession(self.model, self.vocab_size, batch_size)
+
+
+class HFSession:
+    """A transformers `DynamicCache` shared by B rows, rolled back exactly.
+
+    The cache has one slot column per appended position for all rows; `_valid`: bool [B, L] says which
+    slots belong to each row's context. Rows roll back by different amounts, so a row's dropped slots
+    may sit below another row's kept ones: they stay as masked holes (attention never reads them) until
+    every row has dropped them, when `DynamicCache.crop` frees the trailing columns. With B = 1 there are
+    never holes and the cache is cropped exactly. Each row's tokens carry their own position ids (their
+    index in that row's context), so holes do not shift positions.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, batch_size: int):
+        from transformers import DynamicCache
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+        self._model = model
+        self._vocab_size = vocab_size
+        self._device = next(model.parameters()).device
+        self._cache = DynamicCache(config=model.config)
+        self._valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self._device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=self._device)
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, *, return_logits: bool = True) -> torch.Tensor | None:
+        tokens = tokens.to(self._device)
+        real = check_extension(tokens, self._valid.shape[0])
+        width = tokens.shape[1]
+        if width == 0:
+            return tokens.new_zeros(tokens.shape[0], 0, self._vocab_size, dtype=torch.float32) if return_logits else None
+        positions = self.lengths[:, None] + torch.arange(width, device=self._device)
+        # The new block is all visible while it is computed: a row's real tokens precede its padding, so
+        # causality already hides the padding from them, and padding never sees an empty row (no NaN).
+        mask = None
+        if not bool(self._valid.all()):
+            mask = torch.cat([self._valid, torch.ones_like(real)], dim=1).long()
+        out = self._model(
+            input_ids=tokens.clamp_min(0),
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self._cache,
+            use_cache=True,
+            logits_to_keep=0 if return_logits else 1,
+        )
+        self._valid = torch.cat([self._valid, real], dim=1)
+        self.lengths = self.lengths + real.sum(1)
+        self._crop_trailing()
+        return out.logits if return_logits else None
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        lengths = check_truncation(lengths.to(self._device), self.lengths)
+        rank = self._valid.long().cumsum(1)
+        self._valid = self._valid & (rank <= lengths[:, None])
+        self.lengths = lengths
+        self._crop_trailing()
+
+    def _crop_trailing(self) -> None:
+        """Free the trailing slot columns that no row uses."""
+        used = self._valid.any(0).nonzero()
+        keep = int(used[-1, 0]) + 1 if used.numel() else 0
+        drop = self._valid.shape[1] - keep
+        if drop:
+            self._cache.crop(-drop)
+            self._valid = self._valid[:, :keep]

@@ -1,0 +1,130 @@
+"""truncated_probs (SPEC §2) against the float64 oracle written from first principles."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import specverify as sv
+from specverify.audit.exact import truncated_distribution
+
+
+def _case_logits(rng: np.random.Generator, vocab: int, ties: bool) -> np.ndarray:
+    logits = rng.normal(0, 2, size=vocab)
+    return np.round(logits) if ties else logits  # rounding makes many exact ties
+
+
+def _check_rows(logits, temperature, top_k, top_p, min_p=None, allowed=None):
+    """truncated_probs equals the oracle row by row: same kept set, same probabilities (float32)."""
+    n, vocab = logits.shape
+    bitmask = None if allowed is None else sv.pack_bitmask(torch.as_tensor(allowed))
+    got = sv.truncated_probs(
+        torch.as_tensor(logits, dtype=torch.float32),
+        torch.as_tensor(temperature, dtype=torch.float32),
+        torch.as_tensor(top_k),
+        torch.as_tensor(top_p, dtype=torch.float32),
+        None if min_p is None else torch.as_tensor(min_p, dtype=torch.float32),
+        bitmask,
+    ).double().numpy()
+    for row in range(n):
+        want = truncated_distribution(
+            logits[row].astype(np.float32),
+            float(np.float32(temperature[row])),
+            int(top_k[row]),
+            float(np.float32(top_p[row])),
+            0.0 if min_p is None else float(np.float32(min_p[row])),
+            None if allowed is None else allowed[row],
+        )
+        params = (temperature[row], top_k[row], top_p[row], None if min_p is None else min_p[row])
+        np.testing.assert_array_equal(got[row] > 0, want > 0, err_msg=f"kept set differs, row {row} {params}")
+        np.testing.assert_allclose(got[row], want, atol=2e-6, rtol=1e-4, err_msg=f"row {row} {params}")
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_matches_oracle_over_a_grid_of_parameters(ties):
+    rng = np.random.default_rng(1 + ties)
+    vocab = 40
+    grid = list(itertools.product([0.3, 1.0, 2.5], [-1, 0, 1, 3, 10, vocab, vocab + 5], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1, 0.6]))
+    logits = np.stack([_case_logits(rng, vocab, ties) for _ in grid])
+    temperature, top_k, top_p, min_p = (np.array(column) for column in zip(*grid))
+    _check_rows(logits, temperature, top_k, top_p, min_p)
+
+
+def test_matches_oracle_with_masks_and_a_large_vocabulary():
+    rng = np.random.default_rng(3)
+    n, vocab = 24, 5000  # large enough that radix selection works on several buckets per level
+    logits = rng.normal(0, 3, size=(n, vocab))
+    allowed = rng.random((n, vocab)) < 0.7
+    temperature = rng.choice([0.5, 1.0, 1.7], size=n)
+    top_k = rng.choice([-1, 1, 7, 100, 4000], size=n)
+    top_p = rng.choice([1.0, 0.95, 0.7, 0.2], size=n)
+    min_p = rng.choice([0.0, 0.01, 0.3], size=n)
+    _check_rows(logits, temperature, top_k, top_p, min_p, allowed)
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]])
+    probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([2]), torch.tensor([1.0]))
+    assert (probs[0] > 0).tolist() == [True, True, True, True, False]
+
+
+def test_top_p_is_applied_after_renormalising_the_top_k():
+    # p = [.4, .3, .2, .1]; after top-2: [.571, .429]; top_p .5 is reached by the first token alone.
+    # (On the un-renormalised p it would take two tokens: .4 < .5.)
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([2]), torch.tensor([0.5]))
+    assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_top_p_keeps_the_token_that_reaches_the_mass_exactly():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([0.8]))
+    assert (probs[0] > 0).tolist() == [True, True, False]
+    torch.testing.assert_close(probs[0, :2], torch.tensor([0.625, 0.375]))
+
+
+def test_top_p_keeps_ties_with_the_crossing_token():
+    logits = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.2]]))
+    probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([0.5]))
+    assert (probs[0] > 0).all()
+
+
+def test_min_p_keeps_tokens_at_least_min_p_times_the_max():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([1.0]), torch.tensor([0.3]))
+    assert (probs[0] > 0).tolist() == [True, True, True, False]  # .15 >= .3 * .5 = .15 is kept
+
+
+def test_greedy_rows_are_one_hot_at_the_first_argmax():
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 1.0, 1.0, 5.0]])
+    allowed = torch.tensor([[True] * 4, [False, True, True, True]])
+    probs = sv.truncated_probs(logits, torch.tensor([0.0, 1e-6]), -1, 1.0, token_bitmask=sv.pack_bitmask(allowed))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+
+
+def test_the_most_likely_token_always_survives():
+    logits = torch.tensor([[10.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    probs = sv.truncated_probs(logits, 1.0, torch.tensor([1, 1]), torch.tensor([1e-9, 1e-9]), torch.tensor([1.0, 1.0]))
+    assert probs[0, 0] == 1.0 and probs[1].sum() == pytest.approx(1.0) and probs[1, 0] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_logits_equal_their_float32_upcast(dtype):
+    rng = np.random.default_rng(4)
+    logits = torch.as_tensor(rng.normal(0, 2, size=(16, 300)), dtype=dtype)
+    params = (torch.full((16,), 0.8), torch.full((16,), 50), torch.full((16,), 0.9))
+    torch.testing.assert_close(sv.truncated_probs(logits, *params), sv.truncated_probs(logits.float(), *params), rtol=0, atol=0)
+
+
+def test_no_full_vocabulary_sort_is_used(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("truncation must not sort the vocabulary")
+
+    monkeypatch.setattr(torch, "sort", refuse)
+    monkeypatch.setattr(torch, "argsort", refuse)
+    monkeypatch.setattr(torch.Tensor, "sort", refuse)
+    monkeypatch.setattr(torch.Tensor, "argsort", refuse)
+    logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+    probs = sv.truncated_probs(logits, 1.0, torch.tensor([0, 5, 0, 900]), torch.tensor([0.9, 1.0, 0.5, 0.99]))
+    assert torch.allclose(probs.sum(-1), torch.ones(4))

@@ -1,0 +1,191 @@
+"""Keys and invariances (SPEC §4): batch invariance, determinism, independent neighbouring seeds, and
+output that does not depend on the draft, on K or on the batch (a toy decode loop)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specverify as sv
+
+
+def _random_call(batch=24, positions=4, vocab=50, seed=0, mode="argmax"):
+    g = torch.Generator().manual_seed(seed)
+    args = dict(
+        draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g),
+        target_logits=torch.randn(batch, positions + 1, vocab, generator=g) * 2,
+        temperature=torch.tensor([0.0, 0.5, 1.0, 1.5])[torch.randint(0, 4, (batch,), generator=g)],
+        top_k=torch.tensor([-1, 0, 5, 20])[torch.randint(0, 4, (batch,), generator=g)],
+        max_k=None,
+        top_p=torch.tensor([1.0, 0.9, 0.6])[torch.randint(0, 3, (batch,), generator=g)],
+        min_top_p=None,
+        seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
+        min_p=torch.tensor([0.0, 0.05])[torch.randint(0, 2, (batch,), generator=g)],
+    )
+    args["draft_tokens"][::5, 2:] = -1
+    if mode == "sampled":
+        args["draft_probs_full"] = torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1)
+        args["draft_proposal"] = "sampled"
+    return args
+
+
+def _rows(args, index):
+    """The same call restricted to (or permuted into) the given rows."""
+    out = dict(args)
+    for name in ("draft_tokens", "target_logits", "temperature", "top_k", "top_p", "seed", "min_p", "draft_probs_full"):
+        if name in out:
+            out[name] = out[name][index]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["argmax", "sampled"])
+def test_each_row_depends_only_on_its_own_inputs(mode):
+    args = _random_call(mode=mode)
+    full = sv.stochastic_acceptance_sampler(**args)
+    permutation = torch.randperm(24, generator=torch.Generator().manual_seed(1))
+    permuted = sv.stochastic_acceptance_sampler(**_rows(args, permutation))
+    for whole, part in zip(full, permuted):
+        assert torch.equal(whole[permutation], part)
+    kept = torch.tensor([3, 7, 8, 20])
+    dropped = sv.stochastic_acceptance_sampler(**_rows(args, kept))
+    for whole, part in zip(full, dropped):
+        assert torch.equal(whole[kept], part)
+    single = sv.stochastic_acceptance_sampler(**_rows(args, torch.tensor([5])))
+    for whole, part in zip(full, single):
+        assert torch.equal(whole[5:6], part)
+
+
+@pytest.mark.parametrize("mode", ["argmax", "sampled"])
+def test_same_inputs_same_outputs(mode):
+    args = _random_call(mode=mode, seed=2)
+    first = sv.stochastic_acceptance_sampler(**args)
+    again = sv.stochastic_acceptance_sampler(**args)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def test_the_two_logits_layouts_agree():
+    args = _random_call(seed=3)
+    flat = dict(args, target_logits=args["target_logits"].reshape(-1, 50))
+    for a, b in zip(sv.stochastic_acceptance_sampler(**args), sv.stochastic_acceptance_sampler(**flat)):
+        assert torch.equal(a, b)
+
+
+def test_hints_do_not_change_the_outputs():
+    args = _random_call(seed=4)
+    args["top_k"] = torch.where(args["top_k"] > 0, args["top_k"], 7)
+    hinted = dict(args, max_k=int(args["top_k"].max()), min_top_p=float(args["top_p"].min()))
+    for a, b in zip(sv.stochastic_acceptance_sampler(**args), sv.stochastic_acceptance_sampler(**hinted)):
+        assert torch.equal(a, b)
+    for a, b in zip(sv.stochastic_acceptance_sampler(**args), sv.stochastic_acceptance_sampler(**hinted, validate=False)):
+        assert torch.equal(a, b)
+
+
+def test_neighbouring_seeds_draw_independently():
+    n, vocab = 40000, 8
+    logits = torch.zeros(n, vocab)
+    seeds = torch.arange(n, dtype=torch.int64) * 2  # pairs (s, s+1) that share no key
+    a = sv.sample(logits, 1.0, -1, 1.0, seeds).numpy()
+    b = sv.sample(logits, 1.0, -1, 1.0, seeds + 1).numpy()
+    table = np.zeros((vocab, vocab))
+    np.add.at(table, (a, b), 1)
+    assert stats.chi2_contingency(table).pvalue > 1e-4
+    # power: a weak mixer (here: the same draw shifted) would be caught at once
+    shifted = (a + (np.arange(n) % 2)) % vocab
+    weak = np.zeros((vocab, vocab))
+    np.add.at(weak, (a, shifted), 1)
+    assert stats.chi2_contingency(weak).pvalue < 1e-6
+
+
+def test_a_shared_seed_spreads_rows_and_row_zero_is_the_seed_itself():
+    args = _random_call(seed=5)
+    shared = dict(args, seed=12345)
+    stride = 0x9E3779B97F4A7C15
+    per_row = [(12345 + b * stride) % 2**64 for b in range(24)]
+    explicit = dict(args, seed=torch.tensor([s - 2**64 if s >= 2**63 else s for s in per_row]))
+    for a, b in zip(sv.stochastic_acceptance_sampler(**shared), sv.stochastic_acceptance_sampler(**explicit)):
+        assert torch.equal(a, b)
+    one = sv.stochastic_acceptance_sampler(**dict(_rows(args, torch.tensor([0])), seed=torch.tensor([12345])))
+    assert torch.equal(one[1], sv.stochastic_acceptance_sampler(**shared)[1][:1])
+
+
+# ---- drafter invariance: a toy decode loop --------------------------------------------------------------
+
+VOCAB = 16
+TABLE = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(9)) * 2  # bigram "model"
+PARAMS = dict(temperature=torch.tensor([0.9, 0.0, 1.2]), top_k=torch.tensor([-1, -1, 6]), top_p=torch.tensor([0.9, 1.0, 1.0]))
+
+
+def _target_logits(context: list[int], drafts: list[int]) -> torch.Tensor:
+    """Logits after the context and after each draft: [len(drafts)+1, V]."""
+    return TABLE[torch.tensor([context[-1], *drafts])]
+
+
+def _row_params(row):
+    return {name: value[row : row + 1] for name, value in PARAMS.items()}
+
+
+def _plain(row: int, prompt: list[int], length: int, base_seed: int) -> list[int]:
+    out = list(prompt)
+    while len(out) - len(prompt) < length:
+        n = len(out) - len(prompt)
+        p = _row_params(row)
+        token = sv.sample(TABLE[out[-1]][None], p["temperature"], p["top_k"], p["top_p"], torch.tensor([base_seed + n]))
+        out.append(int(token))
+    return out[len(prompt):]
+
+
+def _speculative(prompt: list[int], length: int, base_seed: int, drafter, draft_len: int) -> list[list[int]]:
+    """Batch of 3 rows with ragged drafts: each step verifies every row's drafts in one call."""
+    rows = len(PARAMS["temperature"])
+    outs = [list(prompt) for _ in range(rows)]
+    while min(len(o) for o in outs) - len(prompt) < length:
+        drafts = [drafter(row, outs[row], base_seed, draft_len - (row % 2)) for row in range(rows)]
+        padded = torch.full((rows, draft_len), -1)
+        for row, d in enumerate(drafts):
+            padded[row, : len(d)] = torch.tensor(d, dtype=torch.int64)
+        logits = torch.stack([_target_logits(outs[row], padded[row].clamp(min=0).tolist()) for row in range(rows)])
+        generated = torch.tensor([len(o) - len(prompt) for o in outs])
+        first, recovered, bonus = sv.stochastic_acceptance_sampler(
+            padded, logits, PARAMS["temperature"], PARAMS["top_k"], None, PARAMS["top_p"], None, base_seed + generated
+        )
+        tokens, count = sv.committed_tokens(first, recovered, bonus)
+        for row in range(rows):
+            outs[row].extend(tokens[row, : count[row]].tolist())
+    return [o[len(prompt) : len(prompt) + length] for o in outs]
+
+
+def _random_drafter(row, context, base_seed, k):
+    g = torch.Generator().manual_seed(len(context) * 31 + row)
+    return torch.randint(0, VOCAB, (k,), generator=g).tolist()
+
+
+def _perfect_drafter(row, context, base_seed, k):
+    prompt_len = 3
+    return _plain(row, context, k, base_seed + len(context) - prompt_len) if k else []
+
+
+def _repeat_drafter(row, context, base_seed, k):
+    return [context[-1]] * k
+
+
+@pytest.mark.parametrize("draft_len", [1, 3, 5])
+@pytest.mark.parametrize("drafter", [_random_drafter, _perfect_drafter, _repeat_drafter])
+def test_output_does_not_depend_on_the_drafter_or_k(drafter, draft_len):
+    prompt, length, base_seed = [1, 2, 3], 20, 2024
+    plain = [_plain(row, prompt, length, base_seed) for row in range(3)]
+    assert _speculative(prompt, length, base_seed, drafter, draft_len) == plain
+
+
+def test_a_perfect_drafter_is_always_accepted():
+    prompt, base_seed = [1, 2, 3], 7
+    row = 0
+    drafts = _perfect_drafter(row, prompt, base_seed, 4)
+    logits = _target_logits(prompt, drafts)[None]
+    p = _row_params(row)
+    first, _, _ = sv.stochastic_acceptance_sampler(
+        torch.tensor([drafts]), logits, p["temperature"], p["top_k"], None, p["top_p"], None, torch.tensor([base_seed])
+    )
+    assert int(first) == 4

@@ -24,8 +24,10 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
         got = bitmask.dtype if isinstance(bitmask, torch.Tensor) else type(bitmask).__name__
         raise TypeError(f"bitmask must be an int32 tensor (got {got})")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 0:
-        raise ValueError(f"vocab_size must be an int >= 0 (got {vocab_size!r})")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int (got {type(vocab_size).__name__})")
+    if vocab_size < 0:
+        raise ValueError(f"vocab_size must be an int >= 0 (got {vocab_size})")
     words = bitmask.shape[-1] if bitmask.dim() else 0
     if bitmask.dim() == 0 or words != num_words(vocab_size):
         raise ValueError(

@@ -107,37 +107,46 @@ def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+def _where(index: list[int]) -> str:
+    """"row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V])."""
+    names = ("row", "position", "token") if len(index) == 3 else ("row", "token")
+    return ", ".join(f"{name} {i}" for name, i in zip(names, index))
+
+
 def check_finite_logits(name: str, logits: torch.Tensor) -> None:
-    """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V]."""
+    """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V]."""
     bad = torch.isnan(logits) | (logits == float("inf"))
     if bool(bad.any()):
-        row, position, token = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"{name} must not hold NaN or +inf (got {logits[row, position, token].item()} "
-            f"at row {row}, position {position}, token {token})"
-        )
+        index = [int(i) for i in bad.nonzero()[0]]
+        raise ValueError(f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index)})")
 
 
 def check_some_allowed(name: str, masked_logits: torch.Tensor, cause: str) -> None:
-    """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V]."""
-    empty = ~torch.isfinite(masked_logits).any(-1) if masked_logits.shape[-1] else None
-    if empty is not None and bool(empty.any()):
-        row, position = (int(i) for i in empty.nonzero()[0])
-        raise ValueError(f"{name} must allow at least one token with a finite logit ({cause} at row {row}, position {position})")
+    """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V]."""
+    empty = ~torch.isfinite(masked_logits).any(-1)
+    if bool(empty.any()):
+        index = [int(i) for i in empty.nonzero()[0]]
+        where = _where(index + [0])[: -len(", token 0")]
+        raise ValueError(f"{name} must allow at least one token with a finite logit ({cause} at {where})")
 
 
 def check_draft_probs(draft_probs: torch.Tensor) -> None:
     """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V]."""
-    finite = torch.isfinite(draft_probs).all(-1)
-    nonneg = (draft_probs >= 0).all(-1)
+    for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
+        if bool(bad.any()):
+            row, position, token = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"draft_probs_full must be {rule} (got {draft_probs[row, position, token].item()} "
+                f"at row {row}, position {position}, token {token})"
+            )
     total = draft_probs.to(torch.float64).sum(-1)
     normalised = ((total - 1).abs() <= 1e-3) | (total == 0)
-    for ok, rule in ((finite, "finite"), (nonneg, ">= 0"), (normalised, "rows summing to 1 (within 1e-3) or all zero")):
-        if not bool(ok.all()):
-            row, position = (int(i) for i in (~ok).nonzero()[0])
-            raise ValueError(
-                f"draft_probs_full must be {rule} (row {row}, position {position} sums to {total[row, position].item():.6g})"
-            )
+    if not bool(normalised.all()):
+        row, position = (int(i) for i in (~normalised).nonzero()[0])
+        raise ValueError(
+            "draft_probs_full rows must sum to 1 (within 1e-3) or be all zero "
+            f"(got a sum of {total[row, position].item():.6g} at row {row}, position {position})"
+        )
 
 
 def check_row_param(

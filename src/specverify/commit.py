@@ -15,19 +15,26 @@ def committed_tokens(
     first_rejected_idx: int [B]; recovered_tokens: int [B, K]; bonus_tokens: int [B, 1].
     Returns (tokens: int64 [B, K+1], padded with -1 after the committed ones; num_committed: int64 [B] = f+1).
     """
-    for name, value, dims in (
-        ("first_rejected_idx", first_rejected_idx, 1),
-        ("recovered_tokens", recovered_tokens, 2),
-        ("bonus_tokens", bonus_tokens, 2),
+    for name, value, layout in (
+        ("first_rejected_idx", first_rejected_idx, "[B]"),
+        ("recovered_tokens", recovered_tokens, "[B, K]"),
+        ("bonus_tokens", bonus_tokens, "[B, 1]"),
     ):
-        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dim() != dims:
-            raise TypeError(f"{name} must be an integer tensor with {dims} dims (got {value!r:.80})")
+        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool:
+            got = f"dtype {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise TypeError(f"{name} must be an integer tensor {layout} (got {got})")
+        if value.dim() != layout.count(",") + 1:
+            raise ValueError(f"{name} must have shape {layout} (got {list(value.shape)})")
     batch, positions = recovered_tokens.shape
     if tuple(first_rejected_idx.shape) != (batch,) or tuple(bonus_tokens.shape) != (batch, 1):
         raise ValueError(
             f"first_rejected_idx must be [B] and bonus_tokens [B, 1] with B = {batch} "
             f"(got {list(first_rejected_idx.shape)} and {list(bonus_tokens.shape)})"
         )
+    out_of_range = (first_rejected_idx < 0) | (first_rejected_idx > positions)
+    if bool(out_of_range.any()):
+        row = int(out_of_range.nonzero()[0, 0])
+        raise ValueError(f"first_rejected_idx must be in [0, K = {positions}] (got {int(first_rejected_idx[row])} at row {row})")
     candidates = torch.cat([recovered_tokens, bonus_tokens], dim=1).to(torch.int64)
     num_committed = first_rejected_idx.to(torch.int64) + 1
     positions = torch.arange(positions + 1, device=candidates.device)

@@ -119,9 +119,11 @@ class AcceptanceSampler:
             if draft_proposal != "argmax":
                 raise ValueError(f'relaxed_topk/relaxed_delta need draft_proposal="argmax" (got "{draft_proposal}")')
             checks.check_int("relaxed_topk", relaxed_topk, minimum=1)
-            checks.check_float("relaxed_delta", relaxed_delta, 0.0, float("inf"), "a finite float >= 0")
+            checks.check_float("relaxed_delta", relaxed_delta, 0.0, float("inf"), "a float >= 0")
         if vocab_size is not None:
             checks.check_int("vocab_size", vocab_size, minimum=1)
+        if synthetic_acceptance_rate is not None:
+            checks.check_float("synthetic_acceptance_rate", synthetic_acceptance_rate, 0.0, 1.0, "in [0, 1]")
         self.base_acceptance_rate = (
             None
             if synthetic_acceptance_rate is None

@@ -68,8 +68,10 @@ def keyed_uniform(keys: torch.Tensor, stream: int) -> torch.Tensor:
         raise TypeError(f"keys must be an integer torch.Tensor (got {type(keys).__name__})")
     if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
         raise TypeError(f"keys must be an integer tensor (got dtype {keys.dtype})")
-    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
-        raise ValueError(f"stream must be an int >= 0 (got {stream!r})")
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TypeError(f"stream must be an int (got {type(stream).__name__})")
+    if stream < 0:
+        raise ValueError(f"stream must be an int >= 0 (got {stream})")
     bits = keyed_bits(keys.to(torch.int64), stream)
     return _shift_right_logical(bits, 11).to(torch.float64) * 2.0**-53
 

@@ -49,19 +49,23 @@ def _hint(name: str, value: object, validate: bool, kind: type) -> int | float |
 
 
 def _check_max_k(max_k: int | None, top_k: torch.Tensor, vocab: int, validate: bool) -> int | None:
-    """max_k is -1 or a positive int at least every row's top_k (V for rows without a limit)."""
+    """max_k is -1 when some row has no top-k limit, else -1 or at least the largest top_k.
+
+    Returns the largest top_k below V among the limited rows when known (the size of a topk window).
+    """
     if max_k is not None and max_k != -1 and max_k < 1:
-        raise ValueError(f"max_k must be -1 (no limit) or >= 1 (got {max_k})")
+        raise ValueError(f"max_k must be -1 (some row has no limit) or >= 1 (got {max_k})")
     if not validate:
         return max_k if max_k is not None and max_k > 0 else None
-    effective = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
-    needed = int(effective.max()) if effective.numel() else 0
-    if max_k is not None and max_k != -1 and max_k < needed:
-        raise ValueError(
-            f"max_k must be -1 or >= the largest top_k ({needed}, counting rows without a limit as V = {vocab}) "
-            f"(got {max_k})"
-        )
-    limited = top_k[(top_k > 0) & (top_k < vocab)]
+    unlimited = top_k <= 0
+    if max_k is not None and max_k != -1:
+        if bool(unlimited.any()):
+            row = int(unlimited.nonzero()[0, 0])
+            raise ValueError(f"max_k must be -1 when a row has no top-k limit (row {row} has top_k {int(top_k[row])}) (got {max_k})")
+        largest = int(top_k.max()) if top_k.numel() else 0
+        if max_k < largest:
+            raise ValueError(f"max_k must be -1 or >= the largest top_k ({largest}) (got {max_k})")
+    limited = top_k[~unlimited & (top_k < vocab)]
     return int(limited.max()) if limited.numel() else None
 
 
@@ -95,7 +99,7 @@ def _check_relaxed(
             f'relaxed_topk/relaxed_delta need draft_proposal="argmax" (got draft_proposal="{draft_proposal}")'
         )
     topk = checks.check_int("relaxed_topk", relaxed_topk, minimum=1)
-    delta = checks.check_float("relaxed_delta", relaxed_delta, 0.0, math.inf, "a finite float >= 0")
+    delta = checks.check_float("relaxed_delta", relaxed_delta, 0.0, math.inf, "a float >= 0")
     if in_thinking_phase is not None:
         checks.check_tensor("in_thinking_phase", in_thinking_phase, (torch.bool,), "a bool tensor [B]")
         checks.check_shape("in_thinking_phase", in_thinking_phase, (batch,), "[B]")

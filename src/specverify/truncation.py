@@ -124,14 +124,14 @@ def _prepare(
     checks.check_same_device({"token_bitmask": token_bitmask}, device, "logits")
     masked = logits if token_bitmask is None else apply_bitmask(logits, token_bitmask)
     if validate:
-        checks.check_finite_logits("logits", logits[:, None, :])
+        checks.check_finite_logits("logits", logits)
         checks.check_temperature(temperature)
         checks.check_top_k(top_k)
         checks.check_top_p(top_p)
         if min_p is not None:
             checks.check_min_p(min_p)
         cause = "token_bitmask allows no token with a finite logit" if token_bitmask is not None else "every logit is -inf"
-        checks.check_some_allowed("logits", masked[:, None, :], cause)
+        checks.check_some_allowed("logits", masked, cause)
     return masked, temperature, top_k, top_p, min_p
 
 

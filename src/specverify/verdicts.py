@@ -75,6 +75,7 @@ def relaxed_verdict(
     masked_logits: float [B, K, V]. "Among the k most likely" counts exactly k tokens: a token tied with
     the k-th is in only if its id is lower (the order of a stable sort), so the worked example of the
     issue holds: probs [.05, .10, .20, .50, .10, .05], top-3 = {3, 2, 1}, and draft 4 is rejected.
+    A draft the grammar mask forbids (probability 0) is never accepted.
     """
     probs = torch.softmax(masked_logits.float(), dim=-1)
     top1 = greedy_tokens(masked_logits)
@@ -84,5 +85,5 @@ def relaxed_verdict(
     rank = (probs > p_draft).sum(-1) + ((probs == p_draft) & (ids < column)).sum(-1)
     p_top1 = probs.gather(-1, top1[..., None])[..., 0].double()
     close = p_draft[..., 0].double() >= p_top1 - relaxed_delta
-    accepted = (draft >= 0) & (rank < relaxed_topk) & close
+    accepted = (draft >= 0) & (p_draft[..., 0] > 0) & (rank < relaxed_topk) & close
     return accepted, torch.where(accepted, draft, top1)

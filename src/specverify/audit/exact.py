@@ -2,10 +2,12 @@
 
 These are the independent reference that the tests and the audit hold the verifier to: the truncated
 target distribution p~ of one position (SPEC §2), what each rule commits at a position given the draft
-(SPEC §3), and the law of the first rejection.
+(SPEC §3), the same averaged over a random draft, and the law of the first rejection.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -100,6 +102,25 @@ def relaxed_position_law(masked_logits: np.ndarray, draft: int, relaxed_topk: in
     committed = np.zeros(len(p))
     committed[draft if accepted else top] = 1.0
     return float(accepted), committed
+
+
+def mixed_position_law(
+    draft_law: np.ndarray, law_given_draft: Callable[[int], tuple[float, np.ndarray]]
+) -> tuple[float, np.ndarray]:
+    """A position law averaged over a random draft: (P(accept), law of the committed token [V]).
+
+    draft_law: float64 [V+1], the probability of each draft id, the last entry for padding (-1);
+    law_given_draft(d): one of the *_position_law above with everything but the draft fixed.
+    With drafts drawn from q in "sampled" mode this is (sum(min(p~, q)), p~): the guarantee.
+    """
+    draft_law = np.asarray(draft_law, dtype=np.float64)
+    padding = len(draft_law) - 1
+    accept, committed = 0.0, 0.0
+    for d in np.flatnonzero(draft_law):
+        a, law = law_given_draft(-1 if d == padding else int(d))
+        accept += draft_law[d] * a
+        committed = committed + draft_law[d] * law
+    return float(accept), np.asarray(committed, dtype=np.float64)
 
 
 def first_rejection_law(accept_probs: np.ndarray) -> np.ndarray:

@@ -80,3 +80,8 @@ class GenerationResult:
             "accepted": self.accepted,
             "acceptance": [round(a, 4) for a in self.acceptance],
         }
+
+
+def speedup(speculative: GenerationResult, plain: GenerationResult) -> float:
+    """Decoding tokens/s with speculation over tokens/s without."""
+    return speculative.tokens_per_second / plain.tokens_per_second

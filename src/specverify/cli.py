@@ -1,0 +1,178 @@
+"""The `specverify` command. One function adds each subcommand's arguments, one runs it.
+
+Errors a user can fix (bad arguments, a missing model package) end the command with one line on
+stderr that says what to do, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+
+#: What `generate` imports beyond the core package: the `demo` extra.
+DEMO_MODULES = ("transformers", "gguf", "accelerate", "rich")
+
+
+class UsageError(Exception):
+    """Bad input from the command line; the message is shown as is."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def add_generate(commands: argparse._SubParsersAction) -> None:
+    from .decoding.examples import EXAMPLES
+
+    p = commands.add_parser(
+        "generate",
+        help="speculative decoding on a real model (default: the embedded SmolLM2-135M-Instruct)",
+        description="Answer PROMPT with speculative decoding, every draft verified by specverify.",
+    )
+    p.add_argument("prompt", nargs="?", help="the user message (the model's chat template is applied)")
+    p.add_argument("--example", choices=sorted(EXAMPLES), help="use a built-in prompt instead of PROMPT")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (default), a .gguf file or a transformers model folder")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 (default) is off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 (default) is off")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob; 0 (default) is off")
+    p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key seed + n")
+    p.add_argument("-k", "--draft-tokens", type=int, default=4, help="K, draft tokens per verify step (default 4)")
+    p.add_argument("--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)")
+    p.add_argument("--draft-model", help="for --drafter model: 'smollm2', a .gguf file or a model folder, same tokenizer")
+    p.add_argument("--draft-proposal", default="argmax", help="'argmax' (default) or 'sampled' (the drafter samples)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.set_defaults(run=run_generate)
+
+
+def _generate_settings(args: argparse.Namespace):
+    """Check the generate arguments before anything is loaded -> (prompt text, SamplingParams)."""
+    from .decoding.examples import EXAMPLES
+    from .decoding.params import SamplingParams
+
+    if (args.prompt is None) == (args.example is None):
+        raise UsageError("give a PROMPT or --example NAME (one of them)")
+    prompt = EXAMPLES[args.example] if args.example else args.prompt
+    if not prompt.strip():
+        raise UsageError("PROMPT is empty: give the text to answer, e.g. specverify generate \"Hello!\"")
+    if args.drafter not in ("ngram", "model"):
+        raise UsageError(f"--drafter must be 'ngram' or 'model' (got {args.drafter!r})")
+    if args.drafter == "model" and not args.draft_model:
+        raise UsageError("--drafter model needs --draft-model: 'smollm2', a .gguf file or a model folder")
+    if args.draft_proposal not in ("argmax", "sampled"):
+        raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
+    for flag, value, low in (("-k/--draft-tokens", args.draft_tokens, 0), ("--max-tokens", args.max_tokens, 1), ("--threads", args.threads, 1)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low} (got {value})")
+    try:
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p)
+    except ValueError as err:
+        raise UsageError(f"--{str(err).replace('_', '-')}") from None
+    return prompt, params
+
+
+def _check_demo_extra() -> None:
+    missing = [m for m in DEMO_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"generate needs the demo extra ({', '.join(missing)} not installed); from the repository root run: "
+            f"{sys.executable} -m pip install torch==2.13.0 -e '.[demo]'"
+        )
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    prompt, params = _generate_settings(args)
+    _check_demo_extra()
+    import torch
+
+    from .decoding import ModelDrafter, NgramDrafter, plain_generate, speculative_generate
+    from .decoding.loading import MissingModel, load_model
+    from .decoding.result import speedup
+
+    torch.set_num_threads(args.threads)
+    console = None
+    if not args.json:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+    with _status(console, f"loading {args.model} (the first run converts and caches it)"):
+        try:
+            target = load_model(args.model)
+            draft = load_model(args.draft_model) if args.drafter == "model" else None
+        except MissingModel as err:
+            raise UsageError(str(err)) from None
+    if draft is not None and draft.model.vocab_size != target.model.vocab_size:
+        raise UsageError(
+            f"--draft-model must share the target's tokenizer (vocabulary {draft.model.vocab_size} != {target.model.vocab_size})"
+        )
+    ids = target.tokenizer.encode_chat(prompt)
+    drafter = ModelDrafter(draft.model) if draft is not None else NgramDrafter()
+    common = {"seed": args.seed, "max_tokens": args.max_tokens, "stop_tokens": target.tokenizer.stop_tokens}
+    printer = None
+    if console is not None:
+        from .decoding.report import LEGEND, StreamPrinter
+
+        console.print(f"[dim]{target.source} loaded in {target.seconds:.1f} s · prompt {len(ids)} tokens · "
+                      f"K={args.draft_tokens} · drafter {args.drafter} · {args.draft_proposal} proposals[/dim]")
+        console.print(LEGEND)
+        printer = StreamPrinter(target.tokenizer, console)
+    spec = speculative_generate(
+        target.model, drafter, [ids], params, k=args.draft_tokens, draft_proposal=args.draft_proposal,
+        on_step=printer, **common,
+    )  # fmt: skip
+    plain = None
+    if args.compare:
+        with _status(console, "decoding again without speculation"):
+            plain = plain_generate(target.model, [ids], params, **common)
+    identical = plain.tokens == spec.tokens if plain is not None else None
+    text = target.tokenizer.decode(spec.tokens[0])
+    if console is None:
+        print(json.dumps({
+            "prompt": prompt, "text": text, "tokens": spec.tokens[0], "model": target.source,
+            "load_seconds": round(target.seconds, 3), "prompt_tokens": len(ids),
+            "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
+            "speculative": spec.summary(), "plain": plain.summary() if plain is not None else None,
+            "identical": identical, "speedup": round(speedup(spec, plain), 4) if plain is not None else None,
+        }))  # fmt: skip
+        return 0
+    from .decoding.report import results_table
+
+    console.print()
+    console.print(results_table(spec, plain, identical))
+    if plain is not None and not identical:
+        console.print("[yellow]the texts differ: expected only with --draft-proposal sampled (same distribution, other draws)[/yellow]")
+    return 0
+
+
+def _status(console, message: str):
+    """A rich spinner while something slow runs (nothing when output is JSON)."""
+    return console.status(message) if console is not None else nullcontext()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specverify", description="Lossless verification of speculative-decoding drafts.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_generate(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as err:
+        print(f"specverify {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Built-in prompts for the demo and for measuring: copy-heavy ones (where prompt lookup drafts well) and
+an open chat one (where it cannot)."""
+
+EXAMPLES = {
+    "copy": (
+        "Repeat the following text exactly, word for word, and do not add anything:\n\n"
+        "The quick brown fox jumps over the lazy dog. The lazy dog does not move, because the lazy dog "
+        "is sleeping in the warm afternoon sun. The quick brown fox jumps over the lazy dog again, and "
+        "then the quick brown fox runs into the forest to find its family."
+    ),
+    "code": (
+        "Rename the function `add` to `sum_two` in this Python code and show the full code:\n\n"
+        "```python\n"
+        "def add(a, b):\n"
+        "    \"\"\"Return the sum of a and b.\"\"\"\n"
+        "    return a + b\n\n\n"
+        "def add_all(numbers):\n"
+        "    total = 0\n"
+        "    for number in numbers:\n"
+        "        total = add(total, number)\n"
+        "    return total\n\n\n"
+        "print(add(2, 3))\n"
+        "print(add_all([1, 2, 3, 4]))\n"
+        "```"
+    ),
+    "chat": "Give me three tips for learning to play the guitar.",
+}

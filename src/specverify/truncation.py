@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from . import checks
+from . import checks, native
 from .bitmask import apply_bitmask, num_words
-from .categorical import sample_from_weights
+from .categorical import block_size, block_sums, sample_from_weights
 from .rng import STREAM_TARGET, keyed_uniform, per_row_seeds
 from .selection import largest_reaching_threshold
 
@@ -32,7 +32,10 @@ def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
 
 def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
-    return torch.nan_to_num(masked_logits.float(), nan=float("-inf")).argmax(-1)
+    values = masked_logits.float()
+    if native.usable(values) and values.numel():
+        return native.argmax_rows(values.reshape(-1, values.shape[-1])).view(values.shape[:-1])
+    return torch.nan_to_num(values, nan=float("-inf")).argmax(-1)
 
 
 def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -43,8 +46,9 @@ def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Ten
     x = logits.float()
     top = x.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    scale = torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]
-    return torch.exp((x - top) / scale)
+    inverse = 1.0 / torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]
+    weights = torch.sub(x, top)  # the one full-size allocation; the rest is in place
+    return weights.mul_(inverse).exp_()
 
 
 def top_k_threshold(weights: torch.Tensor, top_k: torch.Tensor, max_k: int | None) -> torch.Tensor:
@@ -83,11 +87,17 @@ def truncate_weights(
     min_p: torch.Tensor | None,
     max_k: int | None,
     use_top_p: bool = True,
-) -> torch.Tensor:
-    """Zero every weight outside the kept set of SPEC §2 steps 3-5. weights: float32 [N, V] -> [N, V].
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero every weight outside the kept set of SPEC §2 steps 3-5.
 
-    use_top_p: False when every row is known to have top_p == 1 (skips the nucleus search).
+    weights: float32 [N, V] -> (truncated weights [N, V], their categorical.block_sums).
+    On the CPU the compiled kernel truncates `weights` in place (it must be a scratch buffer) and the
+    hints are not needed. use_top_p: False when every row is known to have top_p == 1.
     """
+    if native.usable(weights) and weights.is_contiguous() and weights.numel():
+        top_p = top_p if use_top_p else torch.ones_like(top_p)
+        sums = native.truncate_rows_(weights, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(weights.shape[-1]))
+        return weights, sums
     threshold = top_k_threshold(weights, top_k, max_k)
     if use_top_p:
         after_top_k = torch.where(weights >= threshold[:, None], weights, 0.0)
@@ -95,7 +105,8 @@ def truncate_weights(
     if min_p is not None:
         # the largest weight is exactly 1, so min_p * max(p) is min_p itself
         threshold = torch.maximum(threshold, min_p.float() * (1 - BOUNDARY_RTOL))
-    return torch.where(weights >= threshold[:, None], weights, 0.0)
+    truncated = torch.where(weights >= threshold[:, None], weights, 0.0)
+    return truncated, block_sums(truncated)
 
 
 def _prepare(
@@ -130,8 +141,7 @@ def _prepare(
         checks.check_top_p(top_p)
         if min_p is not None:
             checks.check_min_p(min_p)
-        cause = "token_bitmask allows no token with a finite logit" if token_bitmask is not None else "every logit is -inf"
-        checks.check_some_allowed("logits", masked, cause)
+        checks.check_some_allowed("logits" if token_bitmask is None else "token_bitmask", masked)
     return masked, temperature, top_k, top_p, min_p
 
 
@@ -143,8 +153,9 @@ def truncated_weights(
     min_p: torch.Tensor | None,
     max_k: int | None = None,
     use_top_p: bool = True,
-) -> torch.Tensor:
-    """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] -> float32 [N, V]."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] ->
+    (float32 weights [N, V], float64 block sums [N, ceil(V / block)])."""
     weights = scaled_weights(masked_logits, temperature)
     return truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
 
@@ -170,7 +181,7 @@ def truncated_probs(
     masked, temperature, top_k, top_p, min_p = _prepare(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
-    weights = truncated_weights(masked, temperature, top_k, top_p, min_p)
+    weights, _ = truncated_weights(masked, temperature, top_k, top_p, min_p)
     probs = weights / weights.sum(-1, keepdim=True)
     one_hot = torch.nn.functional.one_hot(greedy_tokens(masked), masked.shape[-1]).float()
     return torch.where(is_greedy(temperature)[:, None], one_hot, probs)
@@ -201,6 +212,6 @@ def sample(
     rows = masked.shape[0]
     seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
     seeds = per_row_seeds(seed, shared, rows, masked.device)
-    weights = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    drawn = sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET))
+    weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
+    drawn = sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)
     return torch.where(is_greedy(temperature), greedy_tokens(masked), drawn)

@@ -1,0 +1,90 @@
+"""Optional compiled CPU kernels (kernels.c), built with the system C compiler on first use.
+
+The shared library is cached under $SPECVERIFY_CACHE (default ~/.cache/specverify) by a hash of the
+source and compiler flags, so the build (about a second) happens once per machine. Where no compiler is
+found or the build fails, `load()` returns None and callers use their torch implementation; set
+SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU float32 rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c99"]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SPECVERIFY_CACHE", Path.home() / ".cache" / "specverify"))
+
+
+def _build(target: Path) -> bool:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        if result.returncode != 0:
+            return False
+        os.replace(built, target)  # atomic: concurrent builders never see a half-written library
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot be built (callers fall back to torch)."""
+    if os.environ.get("SPECVERIFY_NATIVE", "1") == "0":
+        return None
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"kernels-{digest}.so"
+    try:
+        if not target.exists() and not _build(target):
+            return None
+        library = ctypes.CDLL(str(target))
+    except OSError:
+        return None
+    pointer, i64, f64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
+    library.truncate_rows.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f64, i64, pointer, i32]
+    library.argmax_rows.argtypes = [pointer, i64, i64, pointer, i32]
+    return library
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels apply: all tensors on the CPU and the library available."""
+    return all(t.device.type == "cpu" for t in tensors) and load() is not None
+
+
+def truncate_rows_(
+    weights: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, rtol: float, block: int
+) -> torch.Tensor:
+    """Zero, in place, each row's weights outside its kept set, and return the sums of each `block`
+    consecutive kept weights. weights: contiguous float32 [N, V] -> float64 [N, ceil(V / block)]."""
+    rows, vocab = weights.shape
+    top_k = top_k.to(torch.int64).contiguous()
+    top_p = top_p.to(torch.float32).contiguous()
+    min_p = None if min_p is None else min_p.to(torch.float32).contiguous()
+    block_sums = torch.empty(rows, -(-vocab // block), dtype=torch.float64)
+    load().truncate_rows(
+        weights.data_ptr(), rows, vocab, top_k.data_ptr(), top_p.data_ptr(),
+        None if min_p is None else min_p.data_ptr(), rtol, block, block_sums.data_ptr(), torch.get_num_threads(),
+    )
+    return block_sums
+
+
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """First argmax per row, NaN never winning. values: float32 [N, V] -> int64 [N]."""
+    values = values.contiguous()
+    out = torch.empty(values.shape[0], dtype=torch.int64)
+    load().argmax_rows(values.data_ptr(), values.shape[0], values.shape[1], out.data_ptr(), torch.get_num_threads())
+    return out

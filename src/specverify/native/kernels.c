@@ -1,0 +1,192 @@
+/* CPU kernels for specverify: per-row exact thresholds by radix selection, and a NaN-safe argmax.
+ *
+ * Weights are non-negative float32, so their bit patterns order like their values. A small top-k is
+ * found with a heap of the k largest in one pass (its nucleus from those k sorted values); otherwise
+ * thresholds come from radix selection: one histogram pass over the row, one pass gathering the chosen
+ * bucket, then two passes over that bucket alone. Sums run in double in a fixed order, so results do
+ * not depend on threads or batch layout.
+ * Rows are independent and run in parallel with OpenMP.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <stdlib.h>
+
+static inline uint32_t bits_of(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static inline float float_of(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
+ * a value weighs itself (mass != 0) or 1, and the target is `target`, or `target` times the weight of
+ * {v >= floor} when `fraction` != 0. Returns 0 when the whole weight is below the target.
+ * Radix selection: a histogram of the top 12 bits over the row, then the values of the chosen bucket
+ * are gathered into `scratch` (room for n values) and resolved on the next 10 and 10 bits. */
+static float select_threshold(const float *row, int64_t n, int mass, float floor_value, double target, int fraction,
+                              float *scratch) {
+    const uint32_t floor_bits = bits_of(floor_value);
+    double hist[1024], odd[1024]; /* two histograms halve the chains of dependent additions */
+    memset(hist, 0, sizeof hist);
+    memset(odd, 0, sizeof odd);
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        const uint32_t a = bits_of(row[i]), b = bits_of(row[i + 1]);
+        if (a >= floor_bits) hist[(a >> 20) & 1023u] += mass ? (double)row[i] : 1.0;
+        if (b >= floor_bits) odd[(b >> 20) & 1023u] += mass ? (double)row[i + 1] : 1.0;
+    }
+    if (i < n && bits_of(row[i]) >= floor_bits) hist[(bits_of(row[i]) >> 20) & 1023u] += mass ? (double)row[i] : 1.0;
+    double total = 0.0;
+    for (int bucket = 0; bucket < 1024; bucket++) total += hist[bucket] += odd[bucket];
+    if (fraction) target *= total;
+    double above = 0.0;
+    int chosen = 1023;
+    while (chosen >= 0 && above + hist[chosen] < target) above += hist[chosen--];
+    if (chosen < 0) return 0.0f;
+    uint32_t prefix = (uint32_t)chosen;
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t b = bits_of(row[i]);
+        if (b >= floor_bits && ((b >> 20) & 1023u) == prefix) scratch[count++] = row[i];
+    }
+    for (int shift = 10; shift >= 0; shift -= 10) {
+        memset(hist, 0, sizeof hist);
+        for (int64_t i = 0; i < count; i++) hist[(bits_of(scratch[i]) >> shift) & 1023u] += mass ? (double)scratch[i] : 1.0;
+        chosen = 1023;
+        while (chosen > 0 && above + hist[chosen] < target) above += hist[chosen--];
+        /* chosen == 0 without reaching: rounding between levels, keep the whole bucket */
+        int64_t kept = 0;
+        for (int64_t i = 0; i < count; i++)
+            if (((bits_of(scratch[i]) >> shift) & 1023u) == (uint32_t)chosen) scratch[kept++] = scratch[i];
+        count = kept;
+        prefix = (prefix << 10) | (uint32_t)chosen;
+    }
+    return float_of(prefix);
+}
+
+static void sift_down(float *heap, int64_t size, int64_t at) {
+    for (;;) {
+        int64_t smallest = at, left = 2 * at + 1, right = left + 1;
+        if (left < size && heap[left] < heap[smallest]) smallest = left;
+        if (right < size && heap[right] < heap[smallest]) smallest = right;
+        if (smallest == at) return;
+        const float swap = heap[at];
+        heap[at] = heap[smallest];
+        heap[smallest] = swap;
+        at = smallest;
+    }
+}
+
+/* Sum of the values >= threshold, with four accumulators (values that are NaN or negative count 0). */
+static double mass_at_least(const float *row, int64_t n, float threshold) {
+    double sums[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 3 < n; i += 4)
+        for (int lane = 0; lane < 4; lane++) sums[lane] += row[i + lane] >= threshold ? row[i + lane] : 0.0f;
+    for (; i < n; i++) sums[0] += row[i] >= threshold ? row[i] : 0.0f;
+    return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
+/* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). */
+static void largest_k(const float *row, int64_t n, int64_t k, float *heap) {
+    for (int64_t i = 0; i < k; i++) heap[i] = row[i] >= 0.0f ? row[i] : 0.0f;
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(heap, k, i);
+    for (int64_t i = k; i < n; i++)
+        if (row[i] > heap[0]) {
+            heap[0] = row[i];
+            sift_down(heap, k, 0);
+        }
+}
+
+static int descending(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* Below this top_k, a heap of the k largest beats radix selection. */
+#define HEAP_LIMIT 4096
+
+/* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row). */
+static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch) {
+    const int limited = k > 0 && k < n;
+    if (!limited && top_p >= 1.0f) return 0.0f;
+    if (limited && k <= HEAP_LIMIT) {
+        largest_k(row, n, k, scratch);
+        const float kth = scratch[0];
+        if (top_p >= 1.0f) return kth;
+        int64_t at_least = 0; /* more than k when values tie with the k-th beyond the heap */
+        for (int64_t i = 0; i < n; i++) at_least += row[i] >= kth;
+        double kept = (double)(at_least - k) * kth;
+        qsort(scratch, (size_t)k, sizeof *scratch, descending);
+        for (int64_t i = k - 1; i >= 0; i--) kept += scratch[i];
+        const double target = (double)top_p * kept * (1.0 - rtol);
+        double acc = 0.0;
+        for (int64_t i = 0; i < k; i++) {
+            acc += scratch[i];
+            if (acc >= target) return scratch[i];
+        }
+        return kth; /* only ties with the k-th beyond the heap complete the mass */
+    }
+    float threshold = limited ? select_threshold(row, n, 0, 0.0f, (double)k, 0, scratch) : 0.0f;
+    if (top_p < 1.0f) {
+        const float nucleus = select_threshold(row, n, 1, threshold, (double)top_p * (1.0 - rtol), 1, scratch);
+        if (nucleus > threshold) threshold = nucleus;
+    }
+    return threshold;
+}
+
+/* Truncate each row of weights in place (SPEC §2 steps 3-5): zero every weight below
+ * max(k-th largest, nucleus threshold on the top-k-renormalised row, min_p), and NaN or negative ones.
+ * The largest weight of a row is 1. top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be
+ * NULL. Also writes the sum of each block of `block` kept weights: block_sums [rows, ceil(n / block)]. */
+void truncate_rows(float *weights, int64_t rows, int64_t n, const int64_t *top_k, const float *top_p,
+                   const float *min_p, double rtol, int64_t block, double *block_sums, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        float *scratch = malloc((size_t)n * sizeof *scratch);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < rows; r++) {
+            float *row = weights + r * n;
+            float threshold = row_threshold(row, n, top_k[r], top_p[r], rtol, scratch);
+            if (min_p) {
+                const float ratio = (float)((double)min_p[r] * (1.0 - rtol));
+                if (ratio > threshold) threshold = ratio;
+            }
+            const int64_t blocks = (n + block - 1) / block;
+            for (int64_t b = 0; b < blocks; b++) {
+                const int64_t start = b * block, end = start + block < n ? start + block : n;
+                for (int64_t i = start; i < end; i++)
+                    if (!(row[i] >= threshold)) row[i] = 0.0f;
+                block_sums[r * blocks + b] = mass_at_least(row + start, end - start, 0.0f);
+            }
+        }
+        free(scratch);
+    }
+}
+
+/* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if all NaN). */
+void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = values + r * n;
+        int64_t best = 0;
+        float best_value = -INFINITY;
+        int found = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const float v = row[i];
+            if (v != v) continue;
+            if (!found || v > best_value) {
+                best = i;
+                best_value = v;
+                found = 1;
+            }
+        }
+        out[r] = best;
+    }
+}

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from . import stochastic_acceptance_sampler, truncated_probs
+from . import stochastic_acceptance_sampler
 
 
 @dataclass
@@ -199,7 +199,3 @@ def run_bench_command(args: argparse.Namespace) -> int:
     print_table(results)
     print(json.dumps(results))
     return 0
-
-
-# truncated_probs is re-exported for callers that want p~ beside the timings (see README).
-__all__ = ["add_bench_arguments", "make_batch", "run_bench_command", "run_benchmark", "sort_based_baseline", "truncated_probs"]

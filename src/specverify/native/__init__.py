@@ -1,9 +1,10 @@
 """Optional compiled CPU kernels (kernels.c), built with the system C compiler on first use.
 
 The shared library is cached under $SPECVERIFY_CACHE (default ~/.cache/specverify) by a hash of the
-source and compiler flags, so the build (about a second) happens once per machine. Where no compiler is
-found or the build fails, `load()` returns None and callers use their torch implementation; set
-SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU float32 rows.
+source and compiler flags, so the build (well under a second) happens once per machine. Where no compiler
+is found or the build fails, `load()` returns None and callers use their torch implementation; set
+SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU float32 rows; a batch is split into
+`torch.get_num_threads()` slices that run in parallel (ctypes releases the GIL during the call).
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c99"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99"]
+#: Rows per slice below which splitting a batch between threads costs more than it saves.
+MIN_ROWS_PER_THREAD = 4
 
 
 def _cache_dir() -> Path:
@@ -54,10 +58,26 @@ def load() -> ctypes.CDLL | None:
         library = ctypes.CDLL(str(target))
     except OSError:
         return None
-    pointer, i64, f64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
-    library.truncate_rows.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f64, i64, pointer, i32]
-    library.argmax_rows.argtypes = [pointer, i64, i64, pointer, i32]
+    pointer, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+    library.truncate_rows.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f64, i64, pointer]
+    library.argmax_rows.argtypes = [pointer, i64, i64, pointer]
     return library
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specverify")
+
+
+def _split_rows(rows: int, run) -> None:
+    """Call run(start, stop) on slices of the rows, in parallel over torch's thread count."""
+    slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
+    bounds = [rows * s // slices for s in range(slices + 1)]
+    if slices == 1:
+        run(0, rows)
+        return
+    for future in [_pool(slices).submit(run, a, b) for a, b in zip(bounds, bounds[1:])]:
+        future.result()
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -74,17 +94,27 @@ def truncate_rows_(
     top_k = top_k.to(torch.int64).contiguous()
     top_p = top_p.to(torch.float32).contiguous()
     min_p = None if min_p is None else min_p.to(torch.float32).contiguous()
-    block_sums = torch.empty(rows, -(-vocab // block), dtype=torch.float64)
-    load().truncate_rows(
-        weights.data_ptr(), rows, vocab, top_k.data_ptr(), top_p.data_ptr(),
-        None if min_p is None else min_p.data_ptr(), rtol, block, block_sums.data_ptr(), torch.get_num_threads(),
-    )
-    return block_sums
+    blocks = -(-vocab // block)
+    sums = torch.empty(rows, blocks, dtype=torch.float64)
+    library = load()
+
+    def run(start: int, stop: int) -> None:
+        library.truncate_rows(
+            weights.data_ptr() + start * vocab * 4, stop - start, vocab,
+            top_k.data_ptr() + start * 8, top_p.data_ptr() + start * 4,
+            None if min_p is None else min_p.data_ptr() + start * 4,
+            rtol, block, sums.data_ptr() + start * blocks * 8,
+        )
+
+    _split_rows(rows, run)
+    return sums
 
 
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     """First argmax per row, NaN never winning. values: float32 [N, V] -> int64 [N]."""
     values = values.contiguous()
-    out = torch.empty(values.shape[0], dtype=torch.int64)
-    load().argmax_rows(values.data_ptr(), values.shape[0], values.shape[1], out.data_ptr(), torch.get_num_threads())
+    rows, vocab = values.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    library = load()
+    _split_rows(rows, lambda a, b: library.argmax_rows(values.data_ptr() + a * vocab * 4, b - a, vocab, out.data_ptr() + a * 8))
     return out

@@ -4,13 +4,15 @@
  * found with a heap of the k largest in one pass (its nucleus from those k sorted values); otherwise
  * thresholds come from radix selection: one histogram pass over the row, one pass gathering the chosen
  * bucket, then two passes over that bucket alone. Sums run in double in a fixed order, so results do
- * not depend on threads or batch layout.
- * Rows are independent and run in parallel with OpenMP.
+ * not depend on threads or batch layout. Each call runs on one thread: rows are independent, and the
+ * caller splits a batch between threads (ctypes releases the GIL).
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 #include <stdlib.h>
+
+#define FIXED_ONE 1099511627776.0 /* 2^40 */
 
 static inline uint32_t bits_of(float value) {
     uint32_t bits;
@@ -32,18 +34,23 @@ static inline float float_of(uint32_t bits) {
 static float select_threshold(const float *row, int64_t n, int mass, float floor_value, double target, int fraction,
                               float *scratch) {
     const uint32_t floor_bits = bits_of(floor_value);
-    double hist[1024], odd[1024]; /* two histograms halve the chains of dependent additions */
-    memset(hist, 0, sizeof hist);
+    /* The first pass counts mass in fixed point (units of 2^-40, exact and fast integer adds; a weight
+     * below 2^-40 of the largest adds nothing), in two histograms to halve the chains of dependent adds. */
+    uint64_t fixed[1024], odd[1024];
+    memset(fixed, 0, sizeof fixed);
     memset(odd, 0, sizeof odd);
     int64_t i = 0;
     for (; i + 1 < n; i += 2) {
         const uint32_t a = bits_of(row[i]), b = bits_of(row[i + 1]);
-        if (a >= floor_bits) hist[(a >> 20) & 1023u] += mass ? (double)row[i] : 1.0;
-        if (b >= floor_bits) odd[(b >> 20) & 1023u] += mass ? (double)row[i + 1] : 1.0;
+        if (a >= floor_bits) fixed[(a >> 20) & 1023u] += mass ? (uint64_t)(int64_t)(row[i] * (float)FIXED_ONE) : 1u;
+        if (b >= floor_bits) odd[(b >> 20) & 1023u] += mass ? (uint64_t)(int64_t)(row[i + 1] * (float)FIXED_ONE) : 1u;
     }
-    if (i < n && bits_of(row[i]) >= floor_bits) hist[(bits_of(row[i]) >> 20) & 1023u] += mass ? (double)row[i] : 1.0;
-    double total = 0.0;
-    for (int bucket = 0; bucket < 1024; bucket++) total += hist[bucket] += odd[bucket];
+    if (i < n && bits_of(row[i]) >= floor_bits) fixed[(bits_of(row[i]) >> 20) & 1023u] += mass ? (uint64_t)(int64_t)(row[i] * (float)FIXED_ONE) : 1u;
+    double hist[1024], total = 0.0;
+    for (int bucket = 0; bucket < 1024; bucket++) {
+        hist[bucket] = (double)(fixed[bucket] + odd[bucket]) / (mass ? FIXED_ONE : 1.0);
+        total += hist[bucket];
+    }
     if (fraction) target *= total;
     double above = 0.0;
     int chosen = 1023;
@@ -83,14 +90,16 @@ static void sift_down(float *heap, int64_t size, int64_t at) {
     }
 }
 
-/* Sum of the values >= threshold, with four accumulators (values that are NaN or negative count 0). */
+/* Sum of the values >= threshold (NaN counts 0): eight float lanes (vectorised), added in double. */
 static double mass_at_least(const float *row, int64_t n, float threshold) {
-    double sums[4] = {0.0, 0.0, 0.0, 0.0};
+    float lanes[8] = {0};
     int64_t i = 0;
-    for (; i + 3 < n; i += 4)
-        for (int lane = 0; lane < 4; lane++) sums[lane] += row[i + lane] >= threshold ? row[i + lane] : 0.0f;
-    for (; i < n; i++) sums[0] += row[i] >= threshold ? row[i] : 0.0f;
-    return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    for (; i + 7 < n; i += 8)
+        for (int lane = 0; lane < 8; lane++) lanes[lane] += row[i + lane] >= threshold ? row[i + lane] : 0.0f;
+    double sum = 0.0;
+    for (; i < n; i++) sum += row[i] >= threshold ? row[i] : 0.0f;
+    for (int lane = 0; lane < 8; lane++) sum += lanes[lane];
+    return sum;
 }
 
 /* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). */
@@ -146,33 +155,28 @@ static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, 
  * The largest weight of a row is 1. top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be
  * NULL. Also writes the sum of each block of `block` kept weights: block_sums [rows, ceil(n / block)]. */
 void truncate_rows(float *weights, int64_t rows, int64_t n, const int64_t *top_k, const float *top_p,
-                   const float *min_p, double rtol, int64_t block, double *block_sums, int threads) {
-#pragma omp parallel num_threads(threads)
-    {
-        float *scratch = malloc((size_t)n * sizeof *scratch);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t r = 0; r < rows; r++) {
-            float *row = weights + r * n;
-            float threshold = row_threshold(row, n, top_k[r], top_p[r], rtol, scratch);
-            if (min_p) {
-                const float ratio = (float)((double)min_p[r] * (1.0 - rtol));
-                if (ratio > threshold) threshold = ratio;
-            }
-            const int64_t blocks = (n + block - 1) / block;
-            for (int64_t b = 0; b < blocks; b++) {
-                const int64_t start = b * block, end = start + block < n ? start + block : n;
-                for (int64_t i = start; i < end; i++)
-                    if (!(row[i] >= threshold)) row[i] = 0.0f;
-                block_sums[r * blocks + b] = mass_at_least(row + start, end - start, 0.0f);
-            }
+                   const float *min_p, double rtol, int64_t block, double *block_sums) {
+    float *scratch = malloc((size_t)n * sizeof *scratch);
+    const int64_t blocks = (n + block - 1) / block;
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = weights + r * n;
+        float threshold = row_threshold(row, n, top_k[r], top_p[r], rtol, scratch);
+        if (min_p) {
+            const float ratio = (float)((double)min_p[r] * (1.0 - rtol));
+            if (ratio > threshold) threshold = ratio;
         }
-        free(scratch);
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t start = b * block, end = start + block < n ? start + block : n;
+            for (int64_t i = start; i < end; i++)
+                if (!(row[i] >= threshold)) row[i] = 0.0f;
+            block_sums[r * blocks + b] = mass_at_least(row + start, end - start, 0.0f);
+        }
     }
+    free(scratch);
 }
 
 /* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if all NaN). */
-void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = values + r * n;
         int64_t best = 0;

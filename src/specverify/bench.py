@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -188,11 +189,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     for name in ("batch", "drafts", "vocab", "repeats"):
         if getattr(args, name) < (0 if name == "drafts" else 1):
-            raise SystemExit(f"specverify bench: --{name} must be >= {0 if name == 'drafts' else 1} (got {getattr(args, name)})")
+            print(f"specverify bench: error: --{name} must be >= {0 if name == 'drafts' else 1} (got {getattr(args, name)})", file=sys.stderr)
+            return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = set(modes) - {"argmax", "sampled", "greedy", "sort"}
     if unknown:
-        raise SystemExit(f"specverify bench: unknown --modes {sorted(unknown)} (choose among argmax, sampled, greedy, sort)")
+        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, greedy, sort)", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     results = run_benchmark(args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats)

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-
 #: What `generate` imports beyond the core package: the `demo` extra.
 DEMO_MODULES = ("transformers", "gguf", "accelerate", "rich")
 
@@ -37,15 +36,24 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("prompt", nargs="?", help="the user message (the model's chat template is applied)")
     p.add_argument("--example", choices=sorted(EXAMPLES), help="use a built-in prompt instead of PROMPT")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (default), a .gguf file or a transformers model folder")
+    p.add_argument(
+        "--model", default="smollm2", help="'smollm2' (default), a .gguf file or a transformers model folder"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 (default) is off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 (default) is off")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob; 0 (default) is off")
     p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key seed + n")
     p.add_argument("-k", "--draft-tokens", type=int, default=4, help="K, draft tokens per verify step (default 4)")
-    p.add_argument("--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)")
-    p.add_argument("--draft-model", help="for --drafter model: 'smollm2', a .gguf file or a model folder, same tokenizer")
+    p.add_argument(
+        "--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)"
+    )
+    p.add_argument(
+        "--min-ngram", type=int, default=1, help="for --drafter ngram: shortest suffix to match, 1-3 (default 1)"
+    )
+    p.add_argument(
+        "--draft-model", help="for --drafter model: 'smollm2', a .gguf file or a model folder, same tokenizer"
+    )
     p.add_argument("--draft-proposal", default="argmax", help="'argmax' (default) or 'sampled' (the drafter samples)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
@@ -63,14 +71,20 @@ def _generate_settings(args: argparse.Namespace):
         raise UsageError("give a PROMPT or --example NAME (one of them)")
     prompt = EXAMPLES[args.example] if args.example else args.prompt
     if not prompt.strip():
-        raise UsageError("PROMPT is empty: give the text to answer, e.g. specverify generate \"Hello!\"")
+        raise UsageError('PROMPT is empty: give the text to answer, e.g. specverify generate "Hello!"')
     if args.drafter not in ("ngram", "model"):
         raise UsageError(f"--drafter must be 'ngram' or 'model' (got {args.drafter!r})")
     if args.drafter == "model" and not args.draft_model:
         raise UsageError("--drafter model needs --draft-model: 'smollm2', a .gguf file or a model folder")
+    if not 1 <= args.min_ngram <= 3:
+        raise UsageError(f"--min-ngram must be 1, 2 or 3 (got {args.min_ngram})")
     if args.draft_proposal not in ("argmax", "sampled"):
         raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
-    for flag, value, low in (("-k/--draft-tokens", args.draft_tokens, 0), ("--max-tokens", args.max_tokens, 1), ("--threads", args.threads, 1)):
+    for flag, value, low in (
+        ("-k/--draft-tokens", args.draft_tokens, 0),
+        ("--max-tokens", args.max_tokens, 1),
+        ("--threads", args.threads, 1),
+    ):
         if value < low:
             raise UsageError(f"{flag} must be >= {low} (got {value})")
     try:
@@ -89,14 +103,33 @@ def _check_demo_extra() -> None:
         )
 
 
+def _load_models(args: argparse.Namespace, console):
+    """The target and the drafter the arguments name -> (LoadedModel, Drafter)."""
+    from .decoding import ModelDrafter, NgramDrafter
+    from .decoding.loading import MissingModel, load_model
+
+    with _status(console, f"loading {args.model} (the first run converts and caches it)"):
+        try:
+            target = load_model(args.model)
+            draft = load_model(args.draft_model) if args.drafter == "model" else None
+        except MissingModel as err:
+            raise UsageError(str(err)) from None
+    if draft is None:
+        return target, NgramDrafter(max_ngram=3, min_ngram=args.min_ngram)
+    if draft.model.vocab_size != target.model.vocab_size:
+        raise UsageError(
+            "--draft-model must share the target's tokenizer "
+            f"(vocabulary {draft.model.vocab_size} != {target.model.vocab_size})"
+        )
+    return target, ModelDrafter(draft.model)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     prompt, params = _generate_settings(args)
     _check_demo_extra()
     import torch
 
-    from .decoding import ModelDrafter, NgramDrafter, plain_generate, speculative_generate
-    from .decoding.loading import MissingModel, load_model
-    from .decoding.result import speedup
+    from .decoding import plain_generate, speculative_generate
 
     torch.set_num_threads(args.threads)
     console = None
@@ -104,53 +137,74 @@ def run_generate(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         console = Console(highlight=False)
-    with _status(console, f"loading {args.model} (the first run converts and caches it)"):
-        try:
-            target = load_model(args.model)
-            draft = load_model(args.draft_model) if args.drafter == "model" else None
-        except MissingModel as err:
-            raise UsageError(str(err)) from None
-    if draft is not None and draft.model.vocab_size != target.model.vocab_size:
-        raise UsageError(
-            f"--draft-model must share the target's tokenizer (vocabulary {draft.model.vocab_size} != {target.model.vocab_size})"
-        )
+    target, drafter = _load_models(args, console)
     ids = target.tokenizer.encode_chat(prompt)
-    drafter = ModelDrafter(draft.model) if draft is not None else NgramDrafter()
     common = {"seed": args.seed, "max_tokens": args.max_tokens, "stop_tokens": target.tokenizer.stop_tokens}
     printer = None
     if console is not None:
         from .decoding.report import LEGEND, StreamPrinter
 
-        console.print(f"[dim]{target.source} loaded in {target.seconds:.1f} s · prompt {len(ids)} tokens · "
-                      f"K={args.draft_tokens} · drafter {args.drafter} · {args.draft_proposal} proposals[/dim]")
+        console.print(
+            f"[dim]{target.source} loaded in {target.seconds:.1f} s · prompt {len(ids)} tokens · "
+            f"K={args.draft_tokens} · drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
+        )
         console.print(LEGEND)
         printer = StreamPrinter(target.tokenizer, console)
     spec = speculative_generate(
-        target.model, drafter, [ids], params, k=args.draft_tokens, draft_proposal=args.draft_proposal,
-        on_step=printer, **common,
-    )  # fmt: skip
+        target.model,
+        drafter,
+        [ids],
+        params,
+        k=args.draft_tokens,
+        draft_proposal=args.draft_proposal,
+        on_step=printer,
+        **common,
+    )
     plain = None
     if args.compare:
         with _status(console, "decoding again without speculation"):
             plain = plain_generate(target.model, [ids], params, **common)
-    identical = plain.tokens == spec.tokens if plain is not None else None
-    text = target.tokenizer.decode(spec.tokens[0])
     if console is None:
-        print(json.dumps({
-            "prompt": prompt, "text": text, "tokens": spec.tokens[0], "model": target.source,
-            "load_seconds": round(target.seconds, 3), "prompt_tokens": len(ids),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
-            "speculative": spec.summary(), "plain": plain.summary() if plain is not None else None,
-            "identical": identical, "speedup": round(speedup(spec, plain), 4) if plain is not None else None,
-        }))  # fmt: skip
-        return 0
+        _print_json(args, prompt, ids, target, spec, plain)
+    else:
+        _print_table(console, spec, plain)
+    return 0
+
+
+def _print_json(args: argparse.Namespace, prompt: str, ids: list[int], target, spec, plain) -> None:
+    """Everything as one JSON object on one line."""
+    from .decoding.result import speedup
+
+    print(
+        json.dumps(
+            {
+                "prompt": prompt,
+                "prompt_tokens": len(ids),
+                "model": target.source,
+                "load_seconds": round(target.seconds, 3),
+                "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
+                "text": target.tokenizer.decode(spec.tokens[0]),
+                "tokens": spec.tokens[0],
+                "speculative": spec.summary(),
+                "plain": plain.summary() if plain is not None else None,
+                "identical": plain.tokens == spec.tokens if plain is not None else None,
+                "speedup": round(speedup(spec, plain), 4) if plain is not None else None,
+            }
+        )
+    )
+
+
+def _print_table(console, spec, plain) -> None:
     from .decoding.report import results_table
 
+    identical = plain.tokens == spec.tokens if plain is not None else None
     console.print()
     console.print(results_table(spec, plain, identical))
-    if plain is not None and not identical:
-        console.print("[yellow]the texts differ: expected only with --draft-proposal sampled (same distribution, other draws)[/yellow]")
-    return 0
+    if identical is False:
+        console.print(
+            "[yellow]the texts differ: expected with --draft-proposal sampled (same distribution, other draws); "
+            "in argmax mode it means the target's logits differed between the runs at a near-tie[/yellow]"
+        )
 
 
 def _status(console, message: str):
@@ -158,10 +212,24 @@ def _status(console, message: str):
     return console.status(message) if console is not None else nullcontext()
 
 
+def add_bench(commands: argparse._SubParsersAction) -> None:
+    from .bench import add_bench_arguments, run_bench_command
+
+    p = commands.add_parser(
+        "bench",
+        help="time the verifier side by side with the read floor, softmax and a sort-based baseline",
+        description="Time the verifier against one amax pass, torch.softmax and a sort-based baseline on "
+        "the same logits; the last line printed is one JSON object.",
+    )
+    add_bench_arguments(p)
+    p.set_defaults(run=run_bench_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specverify", description="Lossless verification of speculative-decoding drafts.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate(commands)
+    add_bench(commands)
     return parser
 
 

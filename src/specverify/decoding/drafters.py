@@ -140,9 +140,13 @@ class ModelDrafter:
         tokens, probs = [], []
         for j in range(k):
             if sampled:
-                probs.append(specverify.truncated_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p))
+                probs.append(
+                    specverify.truncated_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)
+                )
                 seed = seeds + DRAFT_SEED_OFFSET + j
-                tokens.append(specverify.sample(logits, params.temperature, params.top_k, params.top_p, seed, params.min_p))
+                tokens.append(
+                    specverify.sample(logits, params.temperature, params.top_k, params.top_p, seed, params.min_p)
+                )
             else:
                 tokens.append(logits.argmax(-1))
             if j < k - 1:

@@ -12,7 +12,7 @@ EXAMPLES = {
         "Rename the function `add` to `sum_two` in this Python code and show the full code:\n\n"
         "```python\n"
         "def add(a, b):\n"
-        "    \"\"\"Return the sum of a and b.\"\"\"\n"
+        '    """Return the sum of a and b."""\n'
         "    return a + b\n\n\n"
         "def add_all(numbers):\n"
         "    total = 0\n"

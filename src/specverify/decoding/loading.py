@@ -8,7 +8,9 @@ later loads read that (~2 s).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 import sys
@@ -31,8 +33,8 @@ class MissingModel(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A model ready to decode: the LanguageModel, its chat tokenizer, where it was read from, and how
-    long loading took (seconds)."""
+    """A model ready to decode: the LanguageModel, its chat tokenizer, a short name of what was read,
+    and how long loading took (seconds)."""
 
     model: HFLanguageModel
     tokenizer: ChatTokenizer
@@ -108,16 +110,19 @@ def load_gguf(gguf: Path, *, use_cache: bool = True) -> LoadedModel:
     folder = _cache_folder(gguf, transformers.__version__)
     if use_cache and (folder / "model.safetensors").is_file():
         loaded = load_pretrained(folder)
-        return LoadedModel(loaded.model, loaded.tokenizer, f"{folder} (cached from {gguf.name})", time.perf_counter() - start)
+        return LoadedModel(loaded.model, loaded.tokenizer, f"{gguf.stem} (cached)", time.perf_counter() - start)
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF converter's own progress bar
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     if use_cache:
         try:
             _save(model, tokenizer, folder)
         except OSError as err:
             print(f"specverify: could not cache the de-quantised model in {folder}: {err}", file=sys.stderr)
-    return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), str(gguf), time.perf_counter() - start)
+    return LoadedModel(
+        HFLanguageModel(model), ChatTokenizer(tokenizer), f"{gguf.stem} (GGUF)", time.perf_counter() - start
+    )
 
 
 def load_pretrained(folder: Path) -> LoadedModel:
@@ -128,11 +133,11 @@ def load_pretrained(folder: Path) -> LoadedModel:
     start = time.perf_counter()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
-    return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), str(folder), time.perf_counter() - start)
+    return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), folder.name, time.perf_counter() - start)
 
 
 def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
-    """"smollm2" (the embedded default), a .gguf file, or a transformers model folder."""
+    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder."""
     if name == DEFAULT_MODEL:
         return load_gguf(smollm2_gguf(), use_cache=use_cache)
     path = Path(name)

@@ -163,7 +163,9 @@ def _fit_draft(
     if draft_probs is None:
         probs = torch.nn.functional.one_hot(tokens.clamp_min(0), vocab_size).float()
     elif draft_probs.shape[-1] != vocab_size:
-        raise ValueError(f"the drafter's vocabulary must match the target's V = {vocab_size} (got {draft_probs.shape[-1]})")
+        raise ValueError(
+            f"the drafter's vocabulary must match the target's V = {vocab_size} (got {draft_probs.shape[-1]})"
+        )
     else:
         probs = draft_probs[:, :width].to("cpu", torch.float32)
     return tokens, probs * real[..., None], lengths
@@ -204,15 +206,26 @@ def speculative_generate(
     while any(requests.active):
         seeds = requests.seeds()
         draft = drafter.propose(requests.contexts, k, params=rows, seeds=seeds, sampled=sampled)
-        drafts, probs, drafted = _fit_draft(draft.tokens, draft.probs, requests.draft_limits(k), sampled, target.vocab_size)
+        drafts, probs, drafted = _fit_draft(
+            draft.tokens, draft.probs, requests.draft_limits(k), sampled, target.vocab_size
+        )
         before = session.lengths.to("cpu", copy=True)
         logits = session.extend(torch.cat([requests.last_tokens(), drafts], 1)).float()
         device = logits.device
         on = rows.to(device)
         first, recovered, bonus = specverify.stochastic_acceptance_sampler(
-            drafts.to(device), logits, on.temperature, on.top_k, None, on.top_p, None, seeds.to(device),
-            draft_proposal=draft_proposal, draft_probs_full=None if probs is None else probs.to(device), min_p=on.min_p,
-        )  # fmt: skip
+            drafts.to(device),
+            logits,
+            on.temperature,
+            on.top_k,
+            None,
+            on.top_p,
+            None,
+            seeds.to(device),
+            draft_proposal=draft_proposal,
+            draft_probs_full=None if probs is None else probs.to(device),
+            min_p=on.min_p,
+        )
         committed, num = specverify.committed_tokens(first, recovered, bonus)
         tokens = [row[:n] for row, n in zip(committed.tolist(), num.tolist())]
         kept = _commit_step(requests, result, tokens, drafted.tolist(), first.tolist(), on_step)

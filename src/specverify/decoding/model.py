@@ -92,7 +92,8 @@ class HFSession:
     may sit below another row's kept ones: they stay as masked holes (attention never reads them) until
     every row has dropped them, when `DynamicCache.crop` frees the trailing columns. With B = 1 there are
     never holes and the cache is cropped exactly. Each row's tokens carry their own position ids (their
-    index in that row's context), so holes do not shift positions.
+    index in that row's context), so holes do not shift positions. Full-attention caches only (Llama,
+    SmolLM2, Qwen, ...): transformers cannot roll back sliding-window layers once their window is full.
     """
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, batch_size: int):
@@ -113,7 +114,9 @@ class HFSession:
         real = check_extension(tokens, self._valid.shape[0])
         width = tokens.shape[1]
         if width == 0:
-            return tokens.new_zeros(tokens.shape[0], 0, self._vocab_size, dtype=torch.float32) if return_logits else None
+            return (
+                tokens.new_zeros(tokens.shape[0], 0, self._vocab_size, dtype=torch.float32) if return_logits else None
+            )
         positions = self.lengths[:, None] + torch.arange(width, device=self._device)
         # The new block is all visible while it is computed: a row's real tokens precede its padding, so
         # causality already hides the padding from them, and padding never sees an empty row (no NaN).

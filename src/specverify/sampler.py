@@ -260,39 +260,59 @@ def _verify(
     """
     batch, positions = draft.shape
     device = masked.device
-    accepted = torch.zeros(batch, positions, dtype=torch.bool, device=device)
-    recovered = torch.zeros(batch, positions, dtype=torch.int64, device=device)
-    bonus = torch.zeros(batch, dtype=torch.int64, device=device)
+    outputs = (
+        torch.zeros(batch, positions, dtype=torch.bool, device=device),  # accepted
+        torch.zeros(batch, positions, dtype=torch.int64, device=device),  # recovered
+        torch.zeros(batch, dtype=torch.int64, device=device),  # bonus
+    )
     greedy_rows = is_greedy(temperature)
 
-    def merge(rows: torch.Tensor | None, rule_rows: torch.Tensor, outputs: tuple, parts: tuple) -> tuple:
-        if rows is None:
-            return tuple(torch.where(rule_rows.view(-1, *[1] * (p.dim() - 1)), p, o) for o, p in zip(outputs, parts))
-        return tuple(o.index_copy(0, rows, p) for o, p in zip(outputs, parts))
-
     rows = plan.stochastic_rows
-    if rows is None or rows.numel():
-        pick = (lambda t: t) if rows is None else (lambda t: None if t is None else t.index_select(0, rows))
+    if _any(rows):
         parts = _stochastic_verdicts(
-            pick(draft), pick(masked), pick(temperature), pick(top_k), pick(top_p), pick(min_p), pick(seeds),
-            plan, pick(draft_probs),
+            *(_pick(t, rows) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
+            plan,
+            _pick(draft_probs, rows),
         )
-        accepted, recovered, bonus = merge(rows, ~greedy_rows, (accepted, recovered, bonus), parts)
+        outputs = _merge(outputs, parts, rows, ~greedy_rows)
 
     rows = plan.relaxed_rows
-    if in_thinking_phase is not None and (rows is None or rows.numel()):
-        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
-        parts = relaxed_verdict(pick(draft), pick(masked)[:, :positions], relaxed_topk, relaxed_delta)
-        accepted, recovered = merge(rows, in_thinking_phase & ~greedy_rows, (accepted, recovered), parts)
+    if in_thinking_phase is not None and _any(rows):
+        parts = relaxed_verdict(_pick(draft, rows), _pick(masked, rows)[:, :positions], relaxed_topk, relaxed_delta)
+        outputs = _merge(outputs, parts, rows, in_thinking_phase & ~greedy_rows)
 
     rows = plan.greedy_rows
-    if rows is None or rows.numel():
-        pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
-        target_argmax = greedy_tokens(pick(masked))
-        parts = (*greedy_verdict(pick(draft), target_argmax[:, :positions]), target_argmax[:, positions])
-        accepted, recovered, bonus = merge(rows, greedy_rows, (accepted, recovered, bonus), parts)
+    if _any(rows):
+        target_argmax = greedy_tokens(_pick(masked, rows))
+        parts = (*greedy_verdict(_pick(draft, rows), target_argmax[:, :positions]), target_argmax[:, positions])
+        outputs = _merge(outputs, parts, rows, greedy_rows)
 
+    accepted, recovered, bonus = outputs
     return _first_rejection(accepted), recovered, bonus[:, None]
+
+
+def _any(rows: torch.Tensor | None) -> bool:
+    """Whether a rule has rows to judge (None: every row may need it)."""
+    return rows is None or rows.numel() > 0
+
+
+def _pick(value: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
+    """value restricted to the given rows (all rows when rows is None)."""
+    return value if rows is None or value is None else value.index_select(0, rows)
+
+
+def _merge(outputs: tuple, parts: tuple, rows: torch.Tensor | None, rule_rows: torch.Tensor) -> tuple:
+    """Write a rule's outputs over the batch outputs: at `rows` when known, else where `rule_rows` (bool [B])
+    holds. Outputs without a counterpart in `parts` stay as they are."""
+    merged = []
+    for index, output in enumerate(outputs):
+        if index >= len(parts):
+            merged.append(output)
+        elif rows is None:
+            merged.append(torch.where(rule_rows.view(-1, *[1] * (output.dim() - 1)), parts[index], output))
+        else:
+            merged.append(output.index_copy(0, rows, parts[index]))
+    return tuple(merged)
 
 
 def _stochastic_verdicts(

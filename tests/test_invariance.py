@@ -1,5 +1,5 @@
 """Keys and invariances (SPEC §4): batch invariance, determinism, independent neighbouring seeds, and
-output that does not depend on the draft, on K or on the batch (a toy decode loop)."""
+output that does not depend on the draft, on K or on the batch (the audit's toy decode loop)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from scipy import stats
 
 import specverify as sv
+from specverify.audit.invariance import DRAFTERS, decode_plainly, decode_speculatively
 
 
 def _random_call(batch=24, positions=4, vocab=50, seed=0, mode="argmax"):
@@ -111,81 +112,17 @@ def test_a_shared_seed_spreads_rows_and_row_zero_is_the_seed_itself():
     assert torch.equal(one[1], sv.stochastic_acceptance_sampler(**shared)[1][:1])
 
 
-# ---- drafter invariance: a toy decode loop --------------------------------------------------------------
-
-VOCAB = 16
-TABLE = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(9)) * 2  # bigram "model"
-PARAMS = dict(temperature=torch.tensor([0.9, 0.0, 1.2]), top_k=torch.tensor([-1, -1, 6]), top_p=torch.tensor([0.9, 1.0, 1.0]))
+# ---- drafter invariance: the toy decode loop of the audit (specverify.audit.invariance) ---------------
 
 
-def _target_logits(context: list[int], drafts: list[int]) -> torch.Tensor:
-    """Logits after the context and after each draft: [len(drafts)+1, V]."""
-    return TABLE[torch.tensor([context[-1], *drafts])]
-
-
-def _row_params(row):
-    return {name: value[row : row + 1] for name, value in PARAMS.items()}
-
-
-def _plain(row: int, prompt: list[int], length: int, base_seed: int) -> list[int]:
-    out = list(prompt)
-    while len(out) - len(prompt) < length:
-        n = len(out) - len(prompt)
-        p = _row_params(row)
-        token = sv.sample(TABLE[out[-1]][None], p["temperature"], p["top_k"], p["top_p"], torch.tensor([base_seed + n]))
-        out.append(int(token))
-    return out[len(prompt):]
-
-
-def _speculative(prompt: list[int], length: int, base_seed: int, drafter, draft_len: int) -> list[list[int]]:
-    """Batch of 3 rows with ragged drafts: each step verifies every row's drafts in one call."""
-    rows = len(PARAMS["temperature"])
-    outs = [list(prompt) for _ in range(rows)]
-    while min(len(o) for o in outs) - len(prompt) < length:
-        drafts = [drafter(row, outs[row], base_seed, draft_len - (row % 2)) for row in range(rows)]
-        padded = torch.full((rows, draft_len), -1)
-        for row, d in enumerate(drafts):
-            padded[row, : len(d)] = torch.tensor(d, dtype=torch.int64)
-        logits = torch.stack([_target_logits(outs[row], padded[row].clamp(min=0).tolist()) for row in range(rows)])
-        generated = torch.tensor([len(o) - len(prompt) for o in outs])
-        first, recovered, bonus = sv.stochastic_acceptance_sampler(
-            padded, logits, PARAMS["temperature"], PARAMS["top_k"], None, PARAMS["top_p"], None, base_seed + generated
-        )
-        tokens, count = sv.committed_tokens(first, recovered, bonus)
-        for row in range(rows):
-            outs[row].extend(tokens[row, : count[row]].tolist())
-    return [o[len(prompt) : len(prompt) + length] for o in outs]
-
-
-def _random_drafter(row, context, base_seed, k):
-    g = torch.Generator().manual_seed(len(context) * 31 + row)
-    return torch.randint(0, VOCAB, (k,), generator=g).tolist()
-
-
-def _perfect_drafter(row, context, base_seed, k):
-    prompt_len = 3
-    return _plain(row, context, k, base_seed + len(context) - prompt_len) if k else []
-
-
-def _repeat_drafter(row, context, base_seed, k):
-    return [context[-1]] * k
-
-
-@pytest.mark.parametrize("draft_len", [1, 3, 5])
-@pytest.mark.parametrize("drafter", [_random_drafter, _perfect_drafter, _repeat_drafter])
-def test_output_does_not_depend_on_the_drafter_or_k(drafter, draft_len):
-    prompt, length, base_seed = [1, 2, 3], 20, 2024
-    plain = [_plain(row, prompt, length, base_seed) for row in range(3)]
-    assert _speculative(prompt, length, base_seed, drafter, draft_len) == plain
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("drafter", sorted(DRAFTERS))
+def test_output_does_not_depend_on_the_drafter_or_k(drafter, k):
+    length, base_seed = 20, 2024
+    run = decode_speculatively(sv.stochastic_acceptance_sampler, drafter, k, length, base_seed)
+    assert run.tokens == decode_plainly(length, base_seed)
 
 
 def test_a_perfect_drafter_is_always_accepted():
-    prompt, base_seed = [1, 2, 3], 7
-    row = 0
-    drafts = _perfect_drafter(row, prompt, base_seed, 4)
-    logits = _target_logits(prompt, drafts)[None]
-    p = _row_params(row)
-    first, _, _ = sv.stochastic_acceptance_sampler(
-        torch.tensor([drafts]), logits, p["temperature"], p["top_k"], None, p["top_p"], None, torch.tensor([base_seed])
-    )
-    assert int(first) == 4
+    run = decode_speculatively(sv.stochastic_acceptance_sampler, "perfect", 4, 12, base_seed=7)
+    assert run.accepted == run.proposed > 0

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
 #: What `generate` imports beyond the core package: the `demo` extra.
 DEMO_MODULES = ("transformers", "gguf", "accelerate", "rich")
+#: What `generate --json-schema/--regex/--choices` imports beyond that (also in the `demo` extra).
+GRAMMAR_MODULES = ("llguidance", "jsonschema")
 
 
 class UsageError(Exception):
@@ -59,6 +62,19 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    grammar = p.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    grammar.add_argument("--json-schema", metavar="FILE", help="answer with JSON valid against the schema in FILE")
+    grammar.add_argument("--regex", metavar="PATTERN", help="answer with text matching PATTERN (Rust regex syntax)")
+    grammar.add_argument("--choices", metavar="A,B,...", help="answer with exactly one of these (comma-separated)")
+    thinking = p.add_argument_group("thinking regions")
+    thinking.add_argument("--think-begin", metavar="TOKEN", help="the token (text or id) that opens a thinking region")
+    thinking.add_argument("--think-end", metavar="TOKEN", help="the token (text or id) that closes it")
+    thinking.add_argument(
+        "--relaxed",
+        metavar="TOPK,DELTA",
+        help="lossy relaxed acceptance inside thinking regions: accept a draft among the TOPK most likely "
+        "tokens with probability >= top1 - DELTA (e.g. 10,0.6); needs --think-begin/--think-end",
+    )
     p.set_defaults(run=run_generate)
 
 
@@ -94,13 +110,88 @@ def _generate_settings(args: argparse.Namespace):
     return prompt, params
 
 
-def _check_demo_extra() -> None:
-    missing = [m for m in DEMO_MODULES if importlib.util.find_spec(m) is None]
+def _relaxed_setting(args: argparse.Namespace) -> tuple[int, float] | None:
+    """Check the thinking-region flags before anything is loaded -> (relaxed_topk, relaxed_delta) or None."""
+    if (args.think_begin is None) != (args.think_end is None):
+        raise UsageError("--think-begin and --think-end go together (got only one)")
+    if args.relaxed is None:
+        return None
+    parts = args.relaxed.split(",")
+    try:
+        topk, delta = int(parts[0]), float(parts[-1])
+    except ValueError:
+        topk, delta = 0, math.nan
+    if len(parts) != 2 or topk < 1 or not delta >= 0:
+        raise UsageError(
+            f"--relaxed must be TOPK,DELTA with TOPK >= 1 and DELTA >= 0, e.g. 10,0.6 (got {args.relaxed!r})"
+        )
+    if args.think_begin is None:
+        raise UsageError("--relaxed needs --think-begin and --think-end (it applies inside thinking regions only)")
+    if args.draft_proposal != "argmax":
+        raise UsageError("--relaxed needs --draft-proposal argmax (the relaxed rule judges argmax drafts only)")
+    return topk, delta
+
+
+def _grammar_setting(args: argparse.Namespace):
+    """Check the structured-output flags before anything is loaded -> ("json_schema", schema dict),
+    ("regex", pattern), ("choice", [options]) or None."""
+    if args.json_schema is None and args.regex is None and args.choices is None:
+        return None
+    _check_modules(GRAMMAR_MODULES, "--json-schema/--regex/--choices")
+    if args.json_schema is not None:
+        from .decoding.schema import read_schema
+
+        try:
+            return "json_schema", read_schema(args.json_schema)
+        except ValueError as err:
+            raise UsageError(f"--json-schema: {err}") from None
+    if args.regex is not None:
+        if not args.regex:
+            raise UsageError("--regex must not be empty")
+        return "regex", args.regex
+    options = args.choices.split(",")
+    if not all(options):
+        raise UsageError(f"--choices must be non-empty strings separated by commas (got {args.choices!r})")
+    return "choice", options
+
+
+def _check_modules(modules: Sequence[str], what: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(
-            f"generate needs the demo extra ({', '.join(missing)} not installed); from the repository root run: "
+            f"{what} needs the demo extra ({', '.join(missing)} not installed); from the repository root run: "
             f"{sys.executable} -m pip install torch==2.13.0 -e '.[demo]'"
         )
+
+
+def _compile_grammar(setting, target):
+    """The Grammar of the --json-schema/--regex/--choices setting for the loaded target (None without one)."""
+    if setting is None:
+        return None
+    from .decoding import GrammarCompiler
+
+    kind, value = setting
+    flag = {"json_schema": "--json-schema", "regex": "--regex", "choice": "--choices"}[kind]
+    try:
+        compiler = GrammarCompiler(target.tokenizer.tokenizer, target.model.vocab_size, target.tokenizer.stop_tokens)
+        compile_ = {"json_schema": compiler.json_schema, "regex": compiler.regex, "choice": compiler.choices}[kind]
+        return compile_(value)
+    except ValueError as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
+def _thinking_regions(args: argparse.Namespace, target):
+    """The ThinkingRegions of --think-begin/--think-end in the target's tokenizer (None without them)."""
+    if args.think_begin is None:
+        return None
+    from .decoding import ThinkingRegions
+
+    try:
+        begin = target.tokenizer.token_id(args.think_begin)
+        end = target.tokenizer.token_id(args.think_end)
+        return ThinkingRegions(begin, end)
+    except ValueError as err:
+        raise UsageError(f"--think-begin/--think-end: {err}") from None
 
 
 def _load_models(args: argparse.Namespace, console):
@@ -126,10 +217,10 @@ def _load_models(args: argparse.Namespace, console):
 
 def run_generate(args: argparse.Namespace) -> int:
     prompt, params = _generate_settings(args)
-    _check_demo_extra()
+    relaxed = _relaxed_setting(args)
+    _check_modules(DEMO_MODULES, "generate")
+    grammar_setting = _grammar_setting(args)
     import torch
-
-    from .decoding import plain_generate, speculative_generate
 
     torch.set_num_threads(args.threads)
     console = None
@@ -139,7 +230,13 @@ def run_generate(args: argparse.Namespace) -> int:
         console = Console(highlight=False)
     target, drafter = _load_models(args, console)
     ids = target.tokenizer.encode_chat(prompt)
-    common = {"seed": args.seed, "max_tokens": args.max_tokens, "stop_tokens": target.tokenizer.stop_tokens}
+    common = {
+        "seed": args.seed,
+        "max_tokens": args.max_tokens,
+        "stop_tokens": target.tokenizer.stop_tokens,
+        "grammar": _compile_grammar(grammar_setting, target),
+        "thinking": _thinking_regions(args, target),
+    }
     printer = None
     if console is not None:
         from .decoding.report import LEGEND, StreamPrinter
@@ -150,28 +247,55 @@ def run_generate(args: argparse.Namespace) -> int:
         )
         console.print(LEGEND)
         printer = StreamPrinter(target.tokenizer, console)
-    spec = speculative_generate(
-        target.model,
-        drafter,
-        [ids],
-        params,
-        k=args.draft_tokens,
-        draft_proposal=args.draft_proposal,
-        on_step=printer,
-        **common,
-    )
-    plain = None
-    if args.compare:
-        with _status(console, "decoding again without speculation"):
-            plain = plain_generate(target.model, [ids], params, **common)
+    spec, plain = _decode(args, target, drafter, ids, params, relaxed, common, printer, console)
+    text = target.tokenizer.decode(spec.tokens[0])
+    check = _grammar_check(grammar_setting, spec, text)
     if console is None:
-        _print_json(args, prompt, ids, target, spec, plain)
+        _print_json(args, prompt, ids, target, spec, plain, check)
     else:
-        _print_table(console, spec, plain)
+        _print_table(console, spec, plain, check, relaxed is not None)
     return 0
 
 
-def _print_json(args: argparse.Namespace, prompt: str, ids: list[int], target, spec, plain) -> None:
+def _decode(args: argparse.Namespace, target, drafter, ids: list[int], params, relaxed, common: dict, printer, console):
+    """Speculative decoding, then plain decoding with --compare -> (speculative, plain or None) results."""
+    from .decoding import plain_generate, speculative_generate
+    from .decoding.grammar import GrammarDeadEnd
+
+    try:
+        spec = speculative_generate(
+            target.model,
+            drafter,
+            [ids],
+            params,
+            k=args.draft_tokens,
+            draft_proposal=args.draft_proposal,
+            on_step=printer,
+            relaxed=relaxed,
+            **common,
+        )
+        if not args.compare:
+            return spec, None
+        with _status(console, "decoding again without speculation"):
+            return spec, plain_generate(target.model, [ids], params, **common)
+    except GrammarDeadEnd as err:
+        raise UsageError(str(err)) from None
+
+
+def _grammar_check(setting, spec, text: str) -> dict | None:
+    """Whether the answer satisfies the grammar: the matcher's verdict (`complete`), and for a JSON schema
+    an independent check with `jsonschema` (`schema_error`: None when valid)."""
+    if setting is None:
+        return None
+    check = {"kind": setting[0], "complete": spec.grammar_complete[0]}
+    if setting[0] == "json_schema":
+        from .decoding.schema import schema_violation
+
+        check["schema_error"] = schema_violation(setting[1], text)
+    return check
+
+
+def _print_json(args: argparse.Namespace, prompt: str, ids: list[int], target, spec, plain, check) -> None:
     """Everything as one JSON object on one line."""
     from .decoding.result import speedup
 
@@ -184,6 +308,7 @@ def _print_json(args: argparse.Namespace, prompt: str, ids: list[int], target, s
                 "load_seconds": round(target.seconds, 3),
                 "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
                 "text": target.tokenizer.decode(spec.tokens[0]),
+                "grammar": check,
                 "tokens": spec.tokens[0],
                 "speculative": spec.summary(),
                 "plain": plain.summary() if plain is not None else None,
@@ -194,22 +319,37 @@ def _print_json(args: argparse.Namespace, prompt: str, ids: list[int], target, s
     )
 
 
-def _print_table(console, spec, plain) -> None:
+def _print_table(console, spec, plain, check: dict | None, relaxed: bool) -> None:
     from .decoding.report import results_table
 
     identical = plain.tokens == spec.tokens if plain is not None else None
     console.print()
     console.print(results_table(spec, plain, identical))
-    if identical is False:
+    if identical is False and relaxed:
+        console.print("[yellow]the texts differ: expected with --relaxed (lossy inside thinking regions)[/yellow]")
+    elif identical is False:
         console.print(
             "[yellow]the texts differ: expected with --draft-proposal sampled (same distribution, other draws); "
             "in argmax mode it means the target's logits differed between the runs at a near-tie[/yellow]"
         )
+    if check is not None and not check["complete"]:
+        console.print("[yellow]the answer is incomplete: --max-tokens ended it before the grammar did[/yellow]")
+    elif check is not None and check.get("schema_error"):
+        console.print(f"[red]the answer does not satisfy the schema: {check['schema_error']}[/red]")
+    elif check is not None:
+        checked = " (checked with jsonschema)" if "schema_error" in check else ""
+        console.print(f"[green]the answer satisfies the grammar{checked}[/green]")
 
 
 def _status(console, message: str):
     """A rich spinner while something slow runs (nothing when output is JSON)."""
     return console.status(message) if console is not None else nullcontext()
+
+
+def add_audit(commands: argparse._SubParsersAction) -> None:
+    from .audit import add_audit_arguments
+
+    add_audit_arguments(commands.add_parser("audit", help="prove a verifier lossless against exact float64 laws"))
 
 
 def add_bench(commands: argparse._SubParsersAction) -> None:
@@ -229,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specverify", description="Lossless verification of speculative-decoding drafts.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate(commands)
+    add_audit(commands)
     add_bench(commands)
     return parser
 

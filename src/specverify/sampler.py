@@ -76,7 +76,8 @@ def _check_min_top_p(min_top_p: float | None, top_p: torch.Tensor, validate: boo
     if not validate:
         return min_top_p is None or min_top_p < 1
     smallest = float(top_p.min()) if top_p.numel() else 1.0
-    if min_top_p is not None and min_top_p > smallest:
+    # compared in float32, the precision of top_p: a hint equal to the caller's top_p is consistent
+    if min_top_p is not None and float(torch.tensor(min_top_p, dtype=torch.float32)) > smallest:
         raise ValueError(f"min_top_p must be <= min(top_p) = {smallest} (got {min_top_p})")
     return smallest < 1
 

@@ -1,0 +1,236 @@
+"""The audit's report: rich tables for the terminal and one JSON object."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from . import runner, stats
+from .runner import AuditResult, ScenarioResult
+
+VERDICT_STYLE = {"pass": "green", "FAIL": "bold red", "lossy": "yellow", "skipped": "dim", "error": "magenta"}
+
+
+def _verdict(verdict: str) -> Text:
+    return Text(verdict, style=VERDICT_STYLE[verdict])
+
+
+def _power(result: ScenarioResult) -> str:
+    """'best–worst' detectable TV over the scenario's tests (positions reached rarely see less)."""
+    tvs = result.detectable_tvs
+    return f"{min(tvs):.2g}–{max(tvs):.2g}"
+
+
+def _accepted(result: ScenarioResult) -> str:
+    observed, exact = result.accepted_per_row
+    return f"{observed:.3f} | {exact:.3f}"
+
+
+def _shape(result: ScenarioResult) -> list[str]:
+    s = result.scenario
+    return [s.name, s.setting, str(s.vocab), str(s.positions), f"{result.rows:,}"]
+
+
+def _shape_columns(table: Table) -> None:
+    table.add_column("scenario")
+    table.add_column("setting", style="dim")
+    for column in ("V", "K", "rows"):
+        table.add_column(column, justify="right")
+
+
+def lossless_table(audit: AuditResult) -> Table:
+    """One row per lossless scenario: the position with the smallest p-value shows its TV."""
+    table = Table(title=f"Lossless scenarios: {audit.verifier}", title_justify="left")
+    _shape_columns(table)
+    table.add_column("TV (exact samples)", justify="right")
+    table.add_column("p min", justify="right")
+    table.add_column("accepted/row obs | exact", justify="right")
+    table.add_column("detects TV ≥", justify="right")
+    table.add_column("verdict")
+    for result in audit.scenarios:
+        if not result.scenario.lossless:
+            continue
+        if not result.positions:
+            table.add_row(*_shape(result), "", "", "", "", _verdict(result.verdict))
+            continue
+        worst = result.worst.fit
+        table.add_row(
+            *_shape(result),
+            f"{worst.tv:.4f} ({worst.null_tv:.4f})",
+            f"{result.min_p_value:.2g}",
+            _accepted(result),
+            _power(result),
+            _verdict(result.verdict),
+        )
+    return table
+
+
+def relaxed_table(audit: AuditResult) -> Table | None:
+    """One row per relaxed scenario: how far what it commits is from p~ (the position farthest away)."""
+    results = [r for r in audit.scenarios if not r.scenario.lossless]
+    if not results:
+        return None
+    table = Table(title="Relaxed scenarios (lossy by design: divergence from p~, not failed)", title_justify="left")
+    _shape_columns(table)
+    table.add_column("TV from p~ measured | exact", justify="right")
+    table.add_column("p vs §3.4 rule", justify="right")
+    table.add_column("accepted/row obs | exact", justify="right")
+    table.add_column("verdict")
+    for result in results:
+        if not result.positions:
+            table.add_row(*_shape(result), "", "", "", _verdict(result.verdict))
+            continue
+        farthest = max(result.positions, key=lambda p: p.exact_divergence)
+        table.add_row(
+            *_shape(result),
+            f"{farthest.divergence:.3f} | {farthest.exact_divergence:.3f}",
+            f"{result.min_p_value:.2g}",
+            _accepted(result),
+            _verdict(result.verdict),
+        )
+    return table
+
+
+def invariance_table(audit: AuditResult) -> Group | Text | None:
+    """Drafters × K: accepted/proposed drafts and whether the tokens equal plain sampling's."""
+    check = audit.invariance
+    if check is None:
+        return None
+    if check.skipped:
+        return Text(f"Drafter invariance skipped: {check.skipped}", style="dim")
+    ks = sorted({run.k for run in check.runs})
+    title = Text(
+        f"Drafter invariance: a toy model, {check.requests} requests × {check.length} tokens, decoded "
+        "speculatively (accepted/proposed drafts) and compared with plain sampling",
+        style="italic",
+    )
+    table = Table()
+    table.add_column("drafter")
+    for k in ks:
+        table.add_column(f"K={k}", justify="right")
+    for drafter in dict.fromkeys(run.drafter for run in check.runs):
+        cells = []
+        for k in ks:
+            run = next(r for r in check.runs if r.drafter == drafter and r.k == k)
+            mark = Text("identical", style="green") if run.identical else Text("DIFFERS", style="bold red")
+            cells.append(Text.assemble(f"{run.accepted}/{run.proposed} ", mark))
+        table.add_row(drafter, *cells)
+    return Group(title, table)
+
+
+def problems(audit: AuditResult) -> list[str]:
+    """Every problem a scenario or the invariance check reported, one line each."""
+    lines = [f"{r.scenario.name}: {p}" for r in audit.scenarios for p in r.problems]
+    differing = [run for run in audit.invariance.runs if run.difference] if audit.invariance else []
+    if differing:
+        first = differing[0]
+        lines.append(
+            f"drafter invariance: {len(differing)} of {len(audit.invariance.runs)} runs differ "
+            f"(first: {first.drafter} drafter, K={first.k}, {first.difference})"
+        )
+    return lines
+
+
+def summary(audit: AuditResult) -> Text:
+    """The one-line verdict."""
+    lossless = [r for r in audit.scenarios if r.scenario.lossless and r.verdict in ("pass", "FAIL")]
+    passing = sum(r.verdict == "pass" for r in lossless)
+    head = Text("PASS", style="bold green") if audit.passed else Text("FAIL", style="bold red")
+    failed = ", ".join(r.scenario.name for r in audit.failed)
+    parts = [
+        f" · {passing}/{len(lossless)} lossless scenarios pass" + (f" (failed: {failed})" if failed else ""),
+        f" · {audit.tests} chi-square tests at family-wise α = {audit.alpha:g}"
+        f" (Bonferroni: each p ≥ {audit.level:.2g})",
+    ]
+    if audit.invariance is not None and not audit.invariance.skipped:
+        parts.append(" · drafter invariance " + ("identical" if audit.invariance.identical else "DIFFERS"))
+    skipped = [r.scenario.name for r in audit.scenarios if r.verdict == "skipped"]
+    if skipped:
+        parts.append(f" · skipped: {', '.join(skipped)}")
+    parts.append(f" · {audit.seconds:.0f} s")
+    return Text.assemble(head, *parts)
+
+
+def print_report(audit: AuditResult, console: Console) -> None:
+    parts = [lossless_table(audit), relaxed_table(audit), invariance_table(audit)]
+    console.print(Group(*[p for p in parts if p is not None]))
+    for line in problems(audit):
+        console.print(Text(line, style="red"))
+    console.print(summary(audit))
+    console.print(
+        Text(
+            "TV: at the position with the smallest p-value, beside its expectation for exact samples. "
+            "detects TV ≥: every deviation this large on a test's bins is flagged with probability ≥ 80% "
+            "(best–worst over the positions and the acceptance law).",
+            style="dim",
+        )
+    )
+
+
+# ---- JSON --------------------------------------------------------------------------------------------
+
+
+def _number(value: float) -> float | None:
+    """JSON has no NaN: a rate of a position never reached is null."""
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _fit(fit) -> dict:
+    return {"n": fit.n, "tv": fit.tv, "null_tv": fit.null_tv, "p_value": fit.p_value, "bins": fit.bins,
+            "detectable_tv": fit.detectable_tv}  # fmt: skip
+
+
+def scenario_json(result: ScenarioResult) -> dict:
+    s = result.scenario
+    out = {
+        "name": s.name, "about": s.about, "setting": s.setting, "draft_proposal": s.draft_proposal,
+        "lossless": s.lossless, "V": s.vocab, "K": s.positions, "rows": result.rows, "verdict": result.verdict,
+        "problems": list(result.problems), "seconds": round(result.seconds, 3),
+    }  # fmt: skip
+    if not result.positions:
+        return out
+    rate, exact_rate, reached = result.acceptance_by_position()
+    observed, exact = result.accepted_per_row
+    out["positions"] = [
+        {"position": p.position, **_fit(p.fit), "divergence_from_target": p.divergence,
+         "exact_divergence_from_target": p.exact_divergence}  # fmt: skip
+        for p in result.positions
+    ]
+    out["acceptance"] = {
+        **_fit(result.acceptance),
+        "first_rejection_observed": (result.first_counts / result.rows).tolist(),
+        "first_rejection_exact": result.laws.first_rejection.tolist(),
+        "rate_observed": [_number(r) for r in rate],
+        "rate_exact": exact_rate.tolist(),
+        "reached": reached.tolist(),
+        "accepted_per_row": {"observed": observed, "exact": exact},
+    }
+    return out
+
+
+def report_json(audit: AuditResult) -> dict:
+    """The whole audit as one JSON-ready object."""
+    invariance = None
+    if audit.invariance is not None:
+        check = audit.invariance
+        invariance = {
+            "identical": check.identical, "skipped": check.skipped, "requests": check.requests,
+            "length": check.length, "runs": [vars(run) for run in check.runs],
+        }  # fmt: skip
+    return {
+        "verifier": audit.verifier,
+        "passed": audit.passed,
+        "seed": audit.seed,
+        "alpha": audit.alpha,
+        "tests": audit.tests,
+        "level": audit.level,
+        "seconds": round(audit.seconds, 3),
+        "definitions": {"verdict": runner.__doc__.strip(), "statistics": stats.__doc__.strip()},
+        "scenarios": [scenario_json(r) for r in audit.scenarios],
+        "invariance": invariance,
+        "problems": problems(audit),
+    }

@@ -1,0 +1,327 @@
+"""Run a verifier on every scenario and judge what it commits against the exact laws.
+
+Per scenario: one batched call of N rows, each row with its own seed and its own draft drawn from the
+scenario's draft law; then, at every position j = 0..K, the tokens committed at j by the rows that reached
+j are fitted to the exact committed law, and the first-rejection index of every row to its exact law
+(stats.fit: TV distance, chi-square p-value, detectable TV).
+
+**Verdict.** A lossless scenario passes when its outputs keep the contract of SPEC §1 (shapes, ids in
+[0, V), accepted tokens equal to the drafts, nothing accepted past a padding) and every one of its K + 2
+chi-square p-values is at least alpha / m, where m counts the K + 2 tests of every lossless scenario
+audited (Bonferroni): a correct verifier fails the whole audit with probability at most alpha. Relaxed
+scenarios are lossy by design: their divergence from p~ is measured and reported, never failed.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+import specverify as sv
+
+from .invariance import InvarianceResult, check_drafter_invariance
+from .scenarios import Laws, Scenario
+from .stats import Fit, fit, total_variation
+from .verifier import Verifier
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one batched call committed. first: int64 [N]; committed: int64 [N, K+1], the token
+    committed at j by rows that reached it, -1 elsewhere; problems: contract breaks (then no committed)."""
+
+    first: np.ndarray
+    committed: np.ndarray
+    seconds: float
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PositionResult:
+    """Position j: the committed tokens of the rows that reached it against the exact law, and their
+    divergence from p~ (measured; exact_divergence is 0 for lossless scenarios). counts: int64 [V]."""
+
+    position: int
+    fit: Fit
+    counts: np.ndarray
+    divergence: float
+    exact_divergence: float
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One scenario judged. verdict: 'pass' or 'FAIL' (lossless; any scenario whose outputs break the
+    contract FAILs), 'lossy' (relaxed), 'skipped' (the verifier lacks an argument the scenario needs) or
+    'error' (the verifier raised on a relaxed scenario, which it may not support)."""
+
+    scenario: Scenario
+    rows: int
+    verdict: str
+    problems: tuple[str, ...] = ()
+    positions: tuple[PositionResult, ...] = ()
+    acceptance: Fit | None = None
+    first_counts: np.ndarray | None = None  # int64 [K+1]
+    seconds: float = 0.0
+
+    @property
+    def laws(self) -> Laws:
+        return self.scenario.laws
+
+    @property
+    def worst(self) -> PositionResult | None:
+        """The position with the smallest p-value (the strongest evidence against the verifier)."""
+        return min(self.positions, key=lambda p: p.fit.p_value) if self.positions else None
+
+    @property
+    def min_p_value(self) -> float:
+        return min([p.fit.p_value for p in self.positions] + [self.acceptance.p_value]) if self.positions else 1.0
+
+    @property
+    def detectable_tvs(self) -> list[float]:
+        """The detectable TV of each test: every position, then the acceptance law."""
+        return [p.fit.detectable_tv for p in self.positions] + [self.acceptance.detectable_tv]
+
+    @property
+    def accepted_per_row(self) -> tuple[float, float]:
+        """(observed, exact) mean number of accepted drafts per row."""
+        K = self.scenario.positions
+        observed = float((np.arange(K + 1) * self.first_counts).sum() / self.rows)
+        return observed, float((np.arange(K + 1) * self.laws.first_rejection).sum())
+
+    def acceptance_by_position(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(observed rate, exact rate, rows that reached j) of P(draft j accepted | j reached), each [K]."""
+        K = self.scenario.positions
+        reached = self.first_counts[::-1].cumsum()[::-1][:K]  # rows with first >= j
+        passed = np.append(reached[1:], self.first_counts[K])  # rows with first >= j + 1
+        rate = np.divide(passed, reached, out=np.full(K, np.nan), where=reached > 0)
+        return rate, self.laws.accept, reached
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    verifier: str
+    seed: int
+    alpha: float
+    tests: int  # m: the chi-square tests of every lossless scenario audited
+    scenarios: tuple[ScenarioResult, ...]
+    invariance: InvarianceResult | None
+    seconds: float
+
+    @property
+    def level(self) -> float:
+        return bonferroni_level(self.alpha, self.tests)
+
+    @property
+    def failed(self) -> list[ScenarioResult]:
+        return [r for r in self.scenarios if r.verdict == "FAIL"]
+
+    @property
+    def passed(self) -> bool:
+        invariant = self.invariance is None or self.invariance.skipped or self.invariance.identical
+        return not self.failed and invariant
+
+
+def bonferroni_level(alpha: float, tests: int) -> float:
+    """Each test's level, alpha / m: the chance that any of m tests of a correct verifier fails is <= alpha."""
+    return alpha / max(tests, 1)
+
+
+# ---- one call ----------------------------------------------------------------------------------------
+
+
+def _scenario_rng(scenario: Scenario, seed: int) -> np.random.Generator:
+    """The same per-scenario stream in the default and quick audits (keyed by name, not by position)."""
+    return np.random.default_rng([seed, zlib.crc32(scenario.name.encode())])
+
+
+def draw_drafts(scenario: Scenario, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """int64 [N, K]: each row's draft at j drawn from the draft law of j; after the first -1, all -1."""
+    V = scenario.vocab
+    drafts = np.stack([rng.choice(V + 1, size=rows, p=law / law.sum()) for law in scenario.draft_law], axis=1)
+    drafts = np.where(drafts == V, -1, drafts).reshape(rows, scenario.positions)
+    padded = np.cumsum(drafts < 0, axis=1) > 0
+    return np.where(padded, -1, drafts).astype(np.int64)
+
+
+def verifier_arguments(scenario: Scenario, drafts: np.ndarray, seeds: np.ndarray, device: str) -> tuple[tuple, dict]:
+    """(the eight positional arguments, the optional ones this scenario needs) of the batched call."""
+    rows, K = drafts.shape
+    to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
+    logits = torch.from_numpy(scenario.logits).to(getattr(torch, scenario.dtype))
+    positional = (
+        to(drafts, torch.int64),
+        logits.to(device)[None].expand(rows, K + 1, scenario.vocab).contiguous(),
+        to(np.full(rows, scenario.temperature), torch.float32),
+        to(np.full(rows, scenario.top_k), torch.int64),
+        scenario.top_k if scenario.top_k > 0 else -1,  # max_k: the largest top_k, -1 when unlimited
+        to(np.full(rows, scenario.top_p), torch.float32),
+        float(np.float32(scenario.top_p)),  # min_top_p: min(top_p), as the float32 tensor holds it
+        to(seeds, torch.int64),
+    )
+    optional = {}
+    if scenario.min_p > 0:
+        optional["min_p"] = to(np.full(rows, scenario.min_p), torch.float32)
+    if scenario.allowed is not None:
+        masks = sv.pack_bitmask(torch.from_numpy(scenario.allowed))
+        optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
+    if scenario.draft_proposal == "sampled":
+        probs = torch.from_numpy(scenario.draft_probs).to(device)
+        optional["draft_proposal"] = "sampled"
+        optional["draft_probs_full"] = probs[None].expand(rows, *probs.shape).contiguous()
+    if scenario.relaxed is not None:
+        optional["in_thinking_phase"] = torch.ones(rows, dtype=torch.bool, device=device)
+        optional["relaxed_topk"], optional["relaxed_delta"] = scenario.relaxed
+    return positional, optional
+
+
+def contract_problems(
+    drafts: np.ndarray, first: np.ndarray, recovered: np.ndarray, bonus: np.ndarray, vocab: int
+) -> list[str]:
+    """SPEC §1 on one call's outputs: shapes; 0 <= first <= K; nothing accepted at or past a padding;
+    accepted tokens equal the drafts; committed ids in [0, V). Each problem names a row."""
+    rows, K = drafts.shape
+    shapes = {
+        "first_rejected_idx": (first, (rows,)),
+        "recovered_tokens": (recovered, (rows, K)),
+        "bonus_tokens": (bonus, (rows, 1)),
+    }
+    wrong = [
+        f"{name} has shape {list(out.shape)}, expected {list(shape)}"
+        for name, (out, shape) in shapes.items()
+        if out.shape != shape
+    ]
+    if wrong:
+        return wrong
+    problems = []
+
+    def report(bad: np.ndarray, what: str) -> None:
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            problems.append(f"{what} in {int(bad.sum())} rows (first: row {row})")
+
+    report((first < 0) | (first > K), f"first_rejected_idx outside [0, {K}]")
+    present = (drafts >= 0).sum(1) if K else np.zeros(rows, dtype=np.int64)
+    report(first > present, "a draft accepted at or after padding")
+    accepted = np.arange(K)[None, :] < first[:, None]
+    report((accepted & (recovered != drafts)).any(1), "an accepted position's recovered token differs from its draft")
+    committed = np.concatenate([recovered, bonus], axis=1)
+    reached = np.arange(K + 1)[None, :] <= first[:, None]
+    report((reached & ((committed < 0) | (committed >= vocab))).any(1), f"a committed token outside [0, {vocab})")
+    return problems
+
+
+def observe(verifier: Verifier, scenario: Scenario, rows: int, seed: int, device: str = "cpu") -> Observation:
+    """Draw the drafts and seeds, make the one batched call, and collect what each row committed."""
+    rng = _scenario_rng(scenario, seed)
+    drafts = draw_drafts(scenario, rows, rng)
+    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
+    positional, optional = verifier_arguments(scenario, drafts, seeds, device)
+    start = time.perf_counter()
+    first, recovered, bonus = (out.numpy() for out in verifier(*positional, **optional))
+    seconds = time.perf_counter() - start
+    problems = tuple(contract_problems(drafts, first, recovered, bonus, scenario.vocab))
+    K = scenario.positions
+    committed = np.full((rows, K + 1), -1, dtype=np.int64)
+    if not problems:
+        tokens = np.concatenate([recovered, bonus], axis=1)
+        reached = np.arange(K + 1)[None, :] <= first[:, None]
+        committed[reached] = tokens[reached]
+    return Observation(first, committed, seconds, problems)
+
+
+# ---- judging -----------------------------------------------------------------------------------------
+
+
+def judge(scenario: Scenario, observation: Observation, level: float) -> ScenarioResult:
+    """Fit every position and the first-rejection index to the exact laws; the verdict of the module
+    docstring."""
+    rows = len(observation.first)
+    if observation.problems:
+        return ScenarioResult(scenario, rows, "FAIL", observation.problems, seconds=observation.seconds)
+    laws, V, K = scenario.laws, scenario.vocab, scenario.positions
+    positions = []
+    for j in range(K + 1):
+        tokens = observation.committed[:, j]
+        counts = np.bincount(tokens[tokens >= 0], minlength=V)
+        positions.append(
+            PositionResult(
+                j,
+                fit(counts, laws.committed[j], level),
+                counts,
+                divergence=total_variation(counts, laws.target[j]),
+                exact_divergence=float(0.5 * np.abs(laws.committed[j] - laws.target[j]).sum()),
+            )
+        )
+    first_counts = np.bincount(observation.first, minlength=K + 1)
+    acceptance = fit(first_counts, laws.first_rejection, level)
+    result = ScenarioResult(scenario, rows, "lossy", (), tuple(positions), acceptance, first_counts, observation.seconds)
+    if not scenario.lossless:
+        return result
+    return replace(result, verdict="pass" if result.min_p_value >= level else "FAIL")
+
+
+def lacking_arguments(verifier: Verifier, scenario: Scenario) -> list[str]:
+    """The optional arguments a scenario passes that the verifier does not take."""
+    probe = np.zeros((1, scenario.positions), dtype=np.int64)
+    return verifier.lacks(verifier_arguments(scenario, probe, np.zeros(1, dtype=np.int64), "cpu")[1])
+
+
+def audit_scenario(
+    verifier: Verifier, scenario: Scenario, rows: int, seed: int, level: float, device: str
+) -> ScenarioResult:
+    """observe + judge, turning a missing argument into 'skipped' and an exception into a verdict."""
+    lacking = lacking_arguments(verifier, scenario)
+    if lacking:
+        return ScenarioResult(scenario, rows, "skipped", (f"the verifier takes no {', '.join(lacking)}",))
+    try:
+        observation = observe(verifier, scenario, rows, seed, device)
+    except Exception as err:  # a verifier under audit may raise anything; the report says what
+        verdict = "FAIL" if scenario.lossless else "error"
+        return ScenarioResult(scenario, rows, verdict, (f"raised {type(err).__name__}: {err}",))
+    return judge(scenario, observation, level)
+
+
+def scaled_rows(scenario: Scenario, scale: float) -> int:
+    """The rows a scenario runs with: its default count times `scale` (at least 100)."""
+    return max(100, int(round(scenario.rows * scale)))
+
+
+def run_audit(
+    verifier: Verifier,
+    scenarios: list[Scenario],
+    *,
+    scale: float = 1.0,
+    alpha: float,
+    seed: int = 0,
+    device: str = "cpu",
+    invariance: dict | None = None,
+    progress: Progress | None = None,
+) -> AuditResult:
+    """Audit `verifier` on `scenarios` (rows scaled by `scale`) so that a correct verifier fails with
+    probability at most `alpha`, then, unless `invariance` is None, run
+    check_drafter_invariance(verifier, **invariance). progress(done, total, label) is called before each
+    step and once at the end."""
+    start = time.perf_counter()
+    tests = sum(s.positions + 2 for s in scenarios if s.lossless and not lacking_arguments(verifier, s))
+    level = bonferroni_level(alpha, tests)
+    steps = len(scenarios) + (invariance is not None)
+    results = []
+    for done, scenario in enumerate(scenarios):
+        if progress:
+            progress(done, steps, scenario.name)
+        results.append(audit_scenario(verifier, scenario, scaled_rows(scenario, scale), seed, level, device))
+    checked = None
+    if invariance is not None:
+        if progress:
+            progress(len(scenarios), steps, "drafter invariance")
+        checked = check_drafter_invariance(verifier, **invariance)
+    if progress:
+        progress(steps, steps, "done")
+    return AuditResult(verifier.name, seed, alpha, tests, tuple(results), checked, time.perf_counter() - start)

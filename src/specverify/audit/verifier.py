@@ -1,0 +1,106 @@
+"""The verifier under audit: any callable with the `stochastic_acceptance_sampler` signature (SPEC §1).
+
+The audit calls it as a user would: the eight leading arguments by position, the optional ones by their
+SPEC names, and only those a scenario needs, so an implementation that lacks an extension (`min_p`) is
+still audited on everything else (the scenarios that need it are reported as skipped).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+#: The keyword arguments past the eight positional ones that the audit may pass.
+OPTIONAL_ARGUMENTS = (
+    "in_thinking_phase",
+    "relaxed_topk",
+    "relaxed_delta",
+    "token_bitmasks",
+    "draft_proposal",
+    "draft_probs_full",
+    "min_p",
+)
+DEFAULT_VERIFIER = "specverify:stochastic_acceptance_sampler"
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """A verifier function, the name it was loaded by, and the optional arguments it takes."""
+
+    function: Callable
+    name: str
+    accepts: frozenset[str]
+
+    def lacks(self, arguments: dict) -> list[str]:
+        """The optional arguments of a call that this verifier does not take."""
+        return sorted(set(arguments) - self.accepts)
+
+    def __call__(self, draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed, **optional):
+        """-> (first_rejected_idx [B], recovered_tokens [B, K], bonus_tokens [B, 1]) as int64 tensors on the
+        CPU; TypeError unless the verifier returned three integer tensors."""
+        outputs = self.function(
+            draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed, **optional
+        )
+        if not isinstance(outputs, (tuple, list)) or len(outputs) != 3:
+            raise TypeError(f"{self.name} must return three tensors (got {type(outputs).__name__})")
+        outputs = [torch.as_tensor(out) for out in outputs]
+        for name, out in zip(("first_rejected_idx", "recovered_tokens", "bonus_tokens"), outputs):
+            if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
+                raise TypeError(f"{self.name} must return integer tensors (got {out.dtype} for {name})")
+        return tuple(out.detach().to("cpu", torch.int64) for out in outputs)
+
+
+def as_verifier(function: Callable, name: str | None = None) -> Verifier:
+    """Wrap a callable; the optional arguments it takes are read from its signature (all, if it has
+    **kwargs or no readable signature)."""
+    if not callable(function):
+        raise TypeError(f"verifier must be callable (got {type(function).__name__})")
+    name = name or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return Verifier(function, name, frozenset(OPTIONAL_ARGUMENTS))
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return Verifier(function, name, frozenset(OPTIONAL_ARGUMENTS))
+    return Verifier(function, name, frozenset(p.name for p in parameters) & frozenset(OPTIONAL_ARGUMENTS))
+
+
+def load_verifier(spec: str) -> Verifier:
+    """'module:function' (the current directory is importable) or 'path/to/file.py:function'."""
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"verifier must be 'module:function' or 'file.py:function' (got {spec!r})")
+    module = _import_file(Path(module_name)) if module_name.endswith(".py") else _import_module(module_name)
+    function = module
+    for part in attribute.split("."):
+        if not hasattr(function, part):
+            raise ValueError(f"verifier {spec!r}: {module_name} has no attribute {attribute!r}")
+        function = getattr(function, part)
+    return as_verifier(function, spec)
+
+
+def _import_module(name: str):
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        raise ValueError(f"verifier module {name!r} cannot be imported ({err})") from None
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise ValueError(f"verifier file {str(path)!r} does not exist")
+    name = f"specverify_audited_{path.stem}"  # registered (dataclasses need it) without shadowing a module
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import specverify as sv
+from conftest import forbid_host_reads
 
 B, K, V = 4, 3, 40  # V is not a multiple of 32: the bitmask has a partial last word
 WORDS = (V + 31) // 32
@@ -834,24 +835,13 @@ def test_validate_false_matches_validate_true(make):
     assert not all(_equal_outputs(outputs[0], o) for o in outputs[1:])  # not vacuous: the seeds matter
 
 
-def _forbid_host_reads(monkeypatch) -> None:
-    """Make every Python-level way of reading tensor data to the host raise."""
-
-    def forbidden(*_args, **_kwargs):
-        raise AssertionError("read tensor data back to the host")
-
-    for name in ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__int__", "__float__", "__index__"):
-        monkeypatch.setattr(torch.Tensor, name, forbidden)
-
-
 @pytest.mark.parametrize("make", [rich_sampled_args, rich_relaxed_args], ids=["sampled", "relaxed"])
-def test_validate_false_reads_nothing_back_to_the_host(make, monkeypatch):
+def test_validate_false_reads_nothing_back_to_the_host(make):
     args = make()
-    _forbid_host_reads(monkeypatch)
-    first, recovered, bonus = call({**args, "validate": False})
-    with pytest.raises(AssertionError, match="read tensor data back"):  # the detector works
-        call({**args, "validate": True})
-    monkeypatch.undo()
+    with forbid_host_reads():
+        first, recovered, bonus = call({**args, "validate": False})
+        with pytest.raises(AssertionError, match="read tensor data back"):  # the detector works
+            call({**args, "validate": True})
     assert first.shape == (B,) and recovered.shape == (B, K) and bonus.shape == (B, 1)
 
 

@@ -346,7 +346,7 @@ def _stochastic_verdicts(
         target_sample = sample_from_weights(weights, target_uniforms.view(-1), sums).view(batch, per_position)
         accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
         return accepted, recovered, target_sample[:, positions]
-    weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, -1)
+    weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
     drafted = weights[:, :positions]
     accepted, recovered = sampled_verdict(
         draft,

@@ -42,22 +42,23 @@ def _pairwise_threshold(values: torch.Tensor, target: torch.Tensor, weights: tor
 
 
 def _radix_threshold(values: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Radix selection on the float32 bit patterns: three histogram passes of 1024 buckets."""
+    """Radix selection on the float32 bit patterns: three histogram passes of 1024 buckets, summed in
+    float64. Values outside [0, 1] (NaN, inf: invalid input) land in an ignored bucket."""
     rows = values.shape[0]
     bits = values.contiguous().view(torch.int32)
+    weights = weights.to(torch.float64)
     prefix = torch.zeros(rows, dtype=torch.int32, device=values.device)
     above = torch.zeros(rows, dtype=torch.float64, device=values.device)
     reached_anywhere = None
     for level, shift in enumerate(_LEVEL_SHIFTS):
         key = bits >> shift
         if level == 0:
-            bucket = key
+            bucket = torch.where((key >= 0) & (key < _BUCKETS), key, _BUCKETS)
         else:
             in_prefix = (key >> 10) == prefix[:, None]
             bucket = torch.where(in_prefix, key & _LOW_BITS, _BUCKETS)
-        hist = torch.zeros(rows, _BUCKETS + 1, dtype=torch.float32, device=values.device)
-        hist.scatter_add_(1, bucket.long(), weights)
-        hist = hist[:, :_BUCKETS].to(torch.float64)
+        hist = torch.zeros(rows, _BUCKETS + 1, dtype=torch.float64, device=values.device)
+        hist = hist.scatter_add_(1, bucket.long(), weights)[:, :_BUCKETS]
         tail = hist.flip(-1).cumsum(-1).flip(-1)  # tail[b] = weight of buckets b.. (at this level)
         reaches = (above[:, None] + tail) >= target[:, None]
         chosen = reaches.sum(-1) - 1  # tail is non-increasing in b, so reaches is a prefix of True

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from . import native
+
 BLOCK = 1024
 
 
@@ -50,6 +52,8 @@ def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor, sums: tor
     rows, vocab = weights.shape
     size = block_size(vocab)
     block_sums_ = block_sums(weights) if sums is None else sums
+    if native.usable(weights) and weights.dtype == torch.float32 and weights.is_contiguous() and rows:
+        return native.sample_rows(weights, block_sums_, size, uniforms)
     block_cdf = block_sums_.cumsum(-1)
     target = uniforms * block_cdf[:, -1]
     block = _cdf_index(block_sums_, target)

@@ -114,7 +114,13 @@ def _where(index: list[int]) -> str:
 
 
 def check_finite_logits(name: str, logits: torch.Tensor) -> None:
-    """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V]."""
+    """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V].
+
+    One max reduction finds whether there is anything to report (it propagates NaN and +inf); only then
+    is the offending entry located."""
+    top = logits.amax(-1) if logits.shape[-1] else logits.new_zeros(logits.shape[:-1])
+    if not bool((torch.isnan(top) | (top == float("inf"))).any()):
+        return
     bad = torch.isnan(logits) | (logits == float("inf"))
     if bool(bad.any()):
         index = [int(i) for i in bad.nonzero()[0]]
@@ -125,7 +131,7 @@ def check_some_allowed(name: str, masked_logits: torch.Tensor) -> None:
     """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V].
 
     name: the argument to blame, the bitmask when there is one, else the logits."""
-    empty = ~torch.isfinite(masked_logits).any(-1)
+    empty = masked_logits.amax(-1) == float("-inf")  # called once the logits hold no NaN or +inf
     if bool(empty.any()):
         index = [int(i) for i in empty.nonzero()[0]]
         where = _where(index + [0])[: -len(", token 0")]

@@ -8,6 +8,8 @@ top-k uses `torch.topk` when a small `max_k` is known and radix selection (selec
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from . import checks, native
@@ -38,16 +40,31 @@ def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(values, nan=float("-inf")).argmax(-1)
 
 
+_workspace = threading.local()
+
+
+def _scratch(shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """A float32 buffer of `shape`, reused across calls on this thread: a fresh full-size allocation costs
+    more in page faults than the arithmetic written into it. Valid until the next call on this thread."""
+    numel = shape.numel()
+    buffer = getattr(_workspace, "buffer", None)
+    if buffer is None or buffer.numel() < numel or buffer.device != device:
+        buffer = torch.empty(numel, dtype=torch.float32, device=device)
+        _workspace.buffer = buffer
+    return buffer[:numel].view(shape)
+
+
 def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """exp((x - max x) / T) in float32, the max entry exactly 1; greedy rows use T = 1 (they are not sampled).
 
-    logits: float [N, V] (masked: -inf for disallowed); temperature: float [N] -> float32 [N, V] in [0, 1].
+    logits: float [N, V] (masked: -inf for disallowed); temperature: float [N] -> float32 [N, V] in [0, 1],
+    written into this thread's scratch buffer (valid until the next call).
     """
     x = logits.float()
     top = x.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     inverse = 1.0 / torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]
-    weights = torch.sub(x, top)  # the one full-size allocation; the rest is in place
+    weights = torch.sub(x, top, out=_scratch(x.shape, x.device))
     return weights.mul_(inverse).exp_()
 
 
@@ -155,7 +172,8 @@ def truncated_weights(
     use_top_p: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] ->
-    (float32 weights [N, V], float64 block sums [N, ceil(V / block)])."""
+    (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). The weights may live in this
+    thread's scratch buffer: use them before the next call."""
     weights = scaled_weights(masked_logits, temperature)
     return truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
 

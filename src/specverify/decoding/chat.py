@@ -28,6 +28,17 @@ class ChatTokenizer:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
+    def token_id(self, token: str) -> int:
+        """The id of one token given as its id ("151667") or its text ("<think>")."""
+        if token.isdigit():
+            if int(token) >= len(self.tokenizer):
+                raise ValueError(f"token id {token} is past the tokenizer's {len(self.tokenizer)} tokens")
+            return int(token)
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{token!r} is not one token of the tokenizer (it is {len(ids)}: {ids[:8]})")
+        return ids[0]
+
 
 class TextStream:
     """Detokenises a growing token list piece by piece: each call returns only the new text.

@@ -1,5 +1,6 @@
-"""Built-in prompts for the demo and for measuring: copy-heavy ones (where prompt lookup drafts well) and
-an open chat one (where it cannot)."""
+"""Built-in prompts for the demo and for measuring: copy-heavy ones (where prompt lookup drafts well), an
+open chat one (where it cannot), and two JSON ones for --json-schema examples/person.schema.json: an
+extraction (the answer rewords the prompt) and a copy."""
 
 EXAMPLES = {
     "copy": (
@@ -24,4 +25,15 @@ EXAMPLES = {
         "```"
     ),
     "chat": "Give me three tips for learning to play the guitar.",
+    "json": (
+        "Extract the person described below as a JSON object with the fields name, age, city and hobbies "
+        "(a list of strings). Answer with the JSON object only.\n\n"
+        "Maria Lopez is 34 years old and lives in Valencia. In her free time she enjoys rock climbing, "
+        "baking bread and playing the violin."
+    ),
+    "json-copy": (
+        "Repeat the following JSON object exactly, and do not add anything:\n\n"
+        '{"name": "Maria Lopez", "age": 34, "city": "Valencia", '
+        '"hobbies": ["rock climbing", "baking bread", "playing the violin"]}'
+    ),
 }

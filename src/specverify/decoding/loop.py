@@ -4,6 +4,10 @@ Both keep the same state: the target session holds each row's context except its
 logits the next step needs. Row b's n-th generated token is drawn with the key base_seed[b] + n, so in
 "argmax" mode the speculative loop commits exactly the tokens the plain loop samples (SPEC §4), whatever
 the drafter, K or the batch; in "sampled" mode it commits them with exactly the same distribution.
+
+Both apply the same grammar masks (`grammar.GrammarMatchers`) and track the same thinking regions
+(`thinking.ThinkingRegions`), so that holds for constrained output too. Only relaxed acceptance inside
+thinking regions (speculative loop, `relaxed=`) departs from it, deliberately.
 """
 
 from __future__ import annotations
@@ -16,19 +20,30 @@ import torch
 import specverify
 
 from .drafters import Drafter, pad_rows
+from .grammar import Grammar, GrammarMatchers, grammar_rows
 from .model import PAD, LanguageModel, Session
 from .params import RowParams, SamplingParams, base_seeds, row_params
 from .result import GenerationResult, StepEvent
+from .thinking import ThinkingRegions
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
 
 OnStep = Callable[[StepEvent], None]
+GrammarArg = Grammar | Sequence[Grammar | None] | None
 
 
 class _Requests:
-    """The batch being generated: each row's context, its generated tokens and whether it still runs."""
+    """The batch being generated: each row's context, its generated tokens, whether it still runs and
+    whether it is inside a thinking region (`thinking`, all False without regions)."""
 
-    def __init__(self, prompts: Sequence[Sequence[int]], max_tokens: int, stop_tokens: Iterable[int], seed):
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        stop_tokens: Iterable[int],
+        seed,
+        regions: ThinkingRegions | None,
+    ):
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError(f"prompts must be a non-empty list of token-id lists (got {prompts!r:.80})")
         for b, p in enumerate(prompts):
@@ -42,6 +57,10 @@ class _Requests:
         self.max_tokens = max_tokens
         self.stop_tokens = frozenset(stop_tokens)
         self.base_seeds = base_seeds(seed, len(prompts))
+        if regions is not None and not isinstance(regions, ThinkingRegions):
+            raise ValueError(f"thinking must be a ThinkingRegions or None (got {regions!r:.80})")
+        self.regions = regions
+        self.thinking = [regions is not None and regions.inside(p) for p in prompts]
 
     def seeds(self) -> torch.Tensor:
         """int64 [B]: the verifier's per-request seed, base + tokens generated so far."""
@@ -59,13 +78,21 @@ class _Requests:
             dtype=torch.int64,
         )
 
+    def free(self) -> list[bool]:
+        """Per row: the grammar does not apply this step (the row is inside a thinking region, or finished)."""
+        return [t or not a for t, a in zip(self.thinking, self.active)]
+
     def commit(self, row: int, tokens: list[int]) -> list[int]:
-        """Append tokens to a running row, cut at its budget and after a stop token. Returns those kept."""
+        """Append tokens to a running row, cut at its budget, after a stop token and after a thinking
+        boundary (see `thinking`). Returns those kept."""
         kept = tokens[: self.max_tokens - len(self.generated[row])]
         for i, token in enumerate(kept):
             if token in self.stop_tokens:
                 kept = kept[: i + 1]
                 break
+        if self.regions is not None:
+            kept = self.regions.cut(kept)
+            self.thinking[row] = self.regions.inside(kept, self.thinking[row])
         self.contexts[row] += kept
         self.generated[row] += kept
         if len(self.generated[row]) >= self.max_tokens or (kept and kept[-1] in self.stop_tokens):
@@ -82,6 +109,18 @@ def _prefill(target: LanguageModel, requests: _Requests, result: GenerationResul
     return session
 
 
+def _matchers(grammar: GrammarArg, requests: _Requests, vocab_size: int) -> GrammarMatchers | None:
+    """The grammar state of a generation, or None when no row is constrained."""
+    rows = grammar_rows(grammar, len(requests.contexts))
+    for g in rows:
+        if g is not None and not g.stop_tokens <= requests.stop_tokens:
+            raise ValueError(
+                f"the grammar's stop tokens {sorted(g.stop_tokens)} must be among stop_tokens "
+                f"(got {sorted(requests.stop_tokens)})"
+            )
+    return None if all(g is None for g in rows) else GrammarMatchers(rows, vocab_size)
+
+
 def _commit_step(
     requests: _Requests,
     result: GenerationResult,
@@ -89,19 +128,29 @@ def _commit_step(
     drafted: list[int],
     first_rejected: list[int],
     on_step: OnStep | None,
-) -> torch.Tensor:
-    """Commit one step's tokens to the running rows, count it and report it. tokens[b]: what the
-    verifier committed for row b. Returns int64 [B]: tokens kept per row (0 for finished rows)."""
+    matchers: GrammarMatchers | None,
+) -> list[list[int]]:
+    """Commit one step's tokens to the running rows, count it, advance the grammar of the rows that were
+    constrained (not thinking) and report it. tokens[b]: what the verifier committed for row b.
+    Returns the tokens kept per row (none for finished rows)."""
     running = [b for b, a in enumerate(requests.active) if a]
     result.record([drafted[b] for b in running], [first_rejected[b] for b in running])
-    kept_counts = torch.zeros(len(tokens), dtype=torch.int64)
+    free = requests.free()
+    kept_rows: list[list[int]] = [[] for _ in tokens]
     for b in running:
-        kept = requests.commit(b, tokens[b])
-        kept_counts[b] = len(kept)
+        kept = kept_rows[b] = requests.commit(b, tokens[b])
+        if matchers is not None and not free[b]:
+            matchers.advance(b, kept)
         first = first_rejected[b]
         if on_step is not None and kept:
             on_step(StepEvent(b, kept, min(first, len(kept)), first < drafted[b] and len(kept) > first))
-    return kept_counts
+    return kept_rows
+
+
+def _finish(result: GenerationResult, matchers: GrammarMatchers | None, start: float) -> GenerationResult:
+    result.decode_seconds = time.perf_counter() - start
+    result.grammar_complete = None if matchers is None else matchers.complete()
+    return result
 
 
 @torch.inference_mode()
@@ -114,26 +163,47 @@ def plain_generate(
     max_tokens: int = 128,
     stop_tokens: Iterable[int] = (),
     on_step: OnStep | None = None,
+    grammar: GrammarArg = None,
+    thinking: ThinkingRegions | None = None,
 ) -> GenerationResult:
     """Decode one token per target step with `specverify.sample(..., seed=base_seed + n)`.
 
     prompts: B token-id lists; params: one SamplingParams or one per row; seed: an int for the batch
-    (row b uses seed + b * 0x9E3779B97F4A7C15) or one per row; stop_tokens: ids that end a row (kept).
+    (row b uses seed + b * 0x9E3779B97F4A7C15) or one per row; stop_tokens: ids that end a row (kept);
+    grammar: one Grammar for every row, one (or None) per row, or None; its stop tokens must be among
+    stop_tokens; thinking: the tokens that open and close thinking regions, where the grammar does not apply.
     """
-    requests = _Requests(prompts, max_tokens, stop_tokens, seed)
+    requests = _Requests(prompts, max_tokens, stop_tokens, seed, thinking)
     rows = row_params(params, len(requests.contexts))
+    matchers = _matchers(grammar, requests, target.vocab_size)
     result = GenerationResult(requests.generated)
     session = _prefill(target, requests, result)
     start = time.perf_counter()
+    no_drafts = torch.empty(len(requests.contexts), 0, dtype=torch.int64)
     while any(requests.active):
         logits = session.extend(requests.last_tokens())[:, 0].float()
-        on = rows.to(logits.device)
-        seeds = requests.seeds().to(logits.device)
-        drawn = specverify.sample(logits, on.temperature, on.top_k, on.top_p, seeds, on.min_p)
+        device = logits.device
+        on = rows.to(device)
+        seeds = requests.seeds().to(device)
+        mask = None if matchers is None else matchers.masks(no_drafts, requests.free())[1][:, 0].to(device)
+        drawn = specverify.sample(logits, on.temperature, on.top_k, on.top_p, seeds, on.min_p, token_bitmask=mask)
         zeros = [0] * len(drawn)
-        _commit_step(requests, result, [[t] for t in drawn.tolist()], zeros, zeros, on_step)
-    result.decode_seconds = time.perf_counter() - start
-    return result
+        _commit_step(requests, result, [[t] for t in drawn.tolist()], zeros, zeros, on_step, matchers)
+    return _finish(result, matchers, start)
+
+
+def _shorten(
+    tokens: torch.Tensor, probs: torch.Tensor | None, lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Keep the first lengths[b] draft tokens of each row, and only as many columns as the longest.
+
+    tokens: int64 [B, K]; probs: float32 [B, K, V] or None; lengths: int64 [B], each <= the row's real
+    tokens. Returns (tokens int64 [B, K'] right-padded with -1, probs [B, K', V] zero at padding, lengths).
+    """
+    width = int(lengths.max()) if len(lengths) else 0
+    real = torch.arange(width) < lengths[:, None]
+    tokens = torch.where(real, tokens[:, :width], PAD)
+    return tokens, None if probs is None else probs[:, :width] * real[..., None], lengths
 
 
 def _fit_draft(
@@ -152,23 +222,53 @@ def _fit_draft(
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2 or draft_tokens.shape[0] != len(limits):
         raise ValueError(f"the drafter must return tokens of shape [B={len(limits)}, K] (got {draft_tokens!r:.80})")
     tokens = draft_tokens[:, : int(limits.max()) if len(limits) else 0].to("cpu", torch.int64)
-    positions = torch.arange(tokens.shape[1])
-    real = ((tokens != PAD).cumprod(1) > 0) & (positions < limits[:, None])
-    lengths = real.sum(1)
-    width = int(lengths.max()) if len(lengths) else 0
-    real = real[:, :width]
-    tokens = torch.where(real, tokens[:, :width], PAD)
-    if not sampled:
-        return tokens, None, lengths
-    if draft_probs is None:
+    lengths = torch.minimum(((tokens != PAD).cumprod(1) > 0).sum(1), limits)
+    probs = None
+    if sampled and draft_probs is None:
         probs = torch.nn.functional.one_hot(tokens.clamp_min(0), vocab_size).float()
-    elif draft_probs.shape[-1] != vocab_size:
+    elif sampled and draft_probs.shape[-1] != vocab_size:
         raise ValueError(
             f"the drafter's vocabulary must match the target's V = {vocab_size} (got {draft_probs.shape[-1]})"
         )
-    else:
-        probs = draft_probs[:, :width].to("cpu", torch.float32)
-    return tokens, probs * real[..., None], lengths
+    elif sampled:
+        probs = draft_probs[:, : tokens.shape[1]].to("cpu", torch.float32)
+    return _shorten(tokens, probs, lengths)
+
+
+def _constrain_draft(
+    drafts: torch.Tensor,
+    probs: torch.Tensor | None,
+    lengths: torch.Tensor,
+    requests: _Requests,
+    matchers: GrammarMatchers | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """Cut each draft after its first thinking boundary and after its first token the grammar refuses.
+
+    drafts: int64 [B, K]; probs: float32 [B, K, V] or None; lengths: int64 [B]. Returns (drafts [B, K'],
+    probs [B, K', V] or None, lengths [B], bitmasks int32 [B, K'+1, ceil(V/32)] or None without a grammar).
+    """
+    if requests.regions is not None:
+        drafts, probs, lengths = _shorten(drafts, probs, requests.regions.draft_lengths(drafts, lengths))
+    if matchers is None:
+        return drafts, probs, lengths, None
+    kept, masks = matchers.masks(drafts, requests.free())
+    drafts, probs, lengths = _shorten(drafts, probs, kept)
+    return drafts, probs, lengths, masks[:, : drafts.shape[1] + 1]
+
+
+def _relaxed_arguments(
+    relaxed: tuple[int, float] | None, requests: _Requests, sampled: bool
+) -> dict[str, int | float | None]:
+    """The verifier's relaxed_topk/relaxed_delta from relaxed = (topk, delta), checked against the loop's settings."""
+    if relaxed is None:
+        return {"relaxed_topk": None, "relaxed_delta": None}
+    if not isinstance(relaxed, Sequence) or len(relaxed) != 2:
+        raise ValueError(f"relaxed must be a pair (relaxed_topk, relaxed_delta) (got {relaxed!r:.80})")
+    if requests.regions is None:
+        raise ValueError("relaxed acceptance needs thinking regions (thinking=ThinkingRegions(begin, end))")
+    if sampled:
+        raise ValueError('relaxed acceptance needs draft_proposal="argmax" (SPEC §3.4)')
+    return {"relaxed_topk": relaxed[0], "relaxed_delta": relaxed[1]}
 
 
 @torch.inference_mode()
@@ -184,6 +284,9 @@ def speculative_generate(
     draft_proposal: str = "argmax",
     stop_tokens: Iterable[int] = (),
     on_step: OnStep | None = None,
+    grammar: GrammarArg = None,
+    thinking: ThinkingRegions | None = None,
+    relaxed: tuple[int, float] | None = None,
 ) -> GenerationResult:
     """Speculative decoding: per step the drafter proposes up to k tokens per row, the target scores the
     context plus drafts in one pass, `specverify.stochastic_acceptance_sampler` decides, the committed
@@ -192,14 +295,20 @@ def speculative_generate(
     Arguments as in `plain_generate`, plus k >= 0 draft tokens per step and draft_proposal: "argmax"
     (any draft; the output is token-identical to plain_generate with the same seed) or "sampled" (the
     drafter samples and passes its distributions; same output distribution as plain_generate).
+    Under a grammar a draft ends at its first refused token, which its mask makes the verifier reject:
+    a token that violates the grammar is never committed. relaxed = (relaxed_topk, relaxed_delta): the
+    verifier's lossy relaxed rule (SPEC §3.4) for the rows inside a thinking region; needs `thinking`
+    and "argmax" proposals.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0 (got {k!r})")
     if draft_proposal not in DRAFT_PROPOSALS:
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
     sampled = draft_proposal == "sampled"
-    requests = _Requests(prompts, max_tokens, stop_tokens, seed)
+    requests = _Requests(prompts, max_tokens, stop_tokens, seed, thinking)
     rows: RowParams = row_params(params, len(requests.contexts))
+    relaxed_arguments = _relaxed_arguments(relaxed, requests, sampled)
+    matchers = _matchers(grammar, requests, target.vocab_size)
     result = GenerationResult(requests.generated)
     session = _prefill(target, requests, result)
     start = time.perf_counter()
@@ -209,6 +318,7 @@ def speculative_generate(
         drafts, probs, drafted = _fit_draft(
             draft.tokens, draft.probs, requests.draft_limits(k), sampled, target.vocab_size
         )
+        drafts, probs, drafted, masks = _constrain_draft(drafts, probs, drafted, requests, matchers)
         before = session.lengths.to("cpu", copy=True)
         logits = session.extend(torch.cat([requests.last_tokens(), drafts], 1)).float()
         device = logits.device
@@ -222,13 +332,15 @@ def speculative_generate(
             on.top_p,
             None,
             seeds.to(device),
+            in_thinking_phase=torch.tensor(requests.thinking, device=device) if relaxed is not None else None,
+            token_bitmasks=None if masks is None else masks.to(device),
             draft_proposal=draft_proposal,
             draft_probs_full=None if probs is None else probs.to(device),
             min_p=on.min_p,
+            **relaxed_arguments,
         )
         committed, num = specverify.committed_tokens(first, recovered, bonus)
         tokens = [row[:n] for row, n in zip(committed.tolist(), num.tolist())]
-        kept = _commit_step(requests, result, tokens, drafted.tolist(), first.tolist(), on_step)
-        session.truncate(before + kept)
-    result.decode_seconds = time.perf_counter() - start
-    return result
+        kept = _commit_step(requests, result, tokens, drafted.tolist(), first.tolist(), on_step, matchers)
+        session.truncate(before + torch.tensor([len(t) for t in kept]))
+    return _finish(result, matchers, start)

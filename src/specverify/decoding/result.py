@@ -23,6 +23,8 @@ class GenerationResult:
     drafted[j] / accepted[j]: over all rows and steps, how many draft tokens were proposed at draft
     position j, and how many of those were accepted (an accepted j implies all before it were).
     row_steps: target steps summed over the rows still generating at each.
+    grammar_complete[b]: whether request b's output is a complete sentence of its grammar (None for a
+    row without one); None when no row had a grammar.
     """
 
     tokens: list[list[int]]
@@ -32,6 +34,7 @@ class GenerationResult:
     row_steps: int = 0
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    grammar_complete: list[bool | None] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -79,6 +82,7 @@ class GenerationResult:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance": [round(a, 4) for a in self.acceptance],
+            "grammar_complete": self.grammar_complete,
         }
 
 

@@ -61,6 +61,7 @@ def load() -> ctypes.CDLL | None:
     pointer, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     library.truncate_rows.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f64, i64, pointer]
     library.argmax_rows.argtypes = [pointer, i64, i64, pointer]
+    library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
     return library
 
 
@@ -117,4 +118,18 @@ def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, dtype=torch.int64)
     library = load()
     _split_rows(rows, lambda a, b: library.argmax_rows(values.data_ptr() + a * vocab * 4, b - a, vocab, out.data_ptr() + a * 8))
+    return out
+
+
+def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row. weights: contiguous float32 [N, V] (>= 0); sums: float64 [N, ceil(V / block)],
+    their block sums; uniforms: float64 [N] -> int64 [N]."""
+    rows, vocab = weights.shape
+    sums, uniforms = sums.contiguous(), uniforms.to(torch.float64).contiguous()
+    blocks = sums.shape[1]
+    out = torch.empty(rows, dtype=torch.int64)
+    library = load()
+    _split_rows(rows, lambda a, b: library.sample_rows(
+        weights.data_ptr() + a * vocab * 4, b - a, vocab, sums.data_ptr() + a * blocks * 8, block,
+        uniforms.data_ptr() + a * 8, out.data_ptr() + a * 8))
     return out

@@ -194,3 +194,42 @@ void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
         out[r] = best;
     }
 }
+
+/* Inverse-CDF draw per row from kept weights with one uniform: the block whose cumulative sum passes
+ * u * total, then the token inside it (only positive weights can be drawn; rounding falls back to the
+ * last positive one). block_sums [rows, ceil(n / block)] as written by truncate_rows; out: ids. */
+void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
+                 const double *uniforms, int64_t *out) {
+    const int64_t blocks = (n + block - 1) / block;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = weights + r * n;
+        const double *sums = block_sums + r * blocks;
+        double total = 0.0;
+        for (int64_t b = 0; b < blocks; b++) total += sums[b];
+        const double target = uniforms[r] * total;
+        double before = 0.0;
+        int64_t chosen = -1, last_positive = -1;
+        for (int64_t b = 0; b < blocks; b++) {
+            if (!(sums[b] > 0.0)) continue;
+            last_positive = b;
+            if (before + sums[b] > target) {
+                chosen = b;
+                break;
+            }
+            before += sums[b];
+        }
+        if (chosen < 0) chosen = last_positive;
+        int64_t token = 0;
+        if (chosen >= 0) {
+            const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
+            double acc = before;
+            for (int64_t i = chosen * block; i < end; i++) {
+                if (!(row[i] > 0.0f)) continue;
+                token = i;
+                acc += row[i];
+                if (acc > target) break;
+            }
+        }
+        out[r] = token;
+    }
+}

@@ -113,25 +113,31 @@ def _where(index: list[int]) -> str:
     return ", ".join(f"{name} {i}" for name, i in zip(names, index))
 
 
-def check_finite_logits(name: str, logits: torch.Tensor) -> None:
+def check_finite_logits(name: str, logits: torch.Tensor, some_finite: bool = False) -> None:
     """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V].
+    some_finite: also require a finite logit at every (row, position), as check_some_allowed does.
 
     One max reduction finds whether there is anything to report (it propagates NaN and +inf); only then
     is the offending entry located."""
-    top = logits.amax(-1) if logits.shape[-1] else logits.new_zeros(logits.shape[:-1])
-    if not bool((torch.isnan(top) | (top == float("inf"))).any()):
-        return
-    bad = torch.isnan(logits) | (logits == float("inf"))
-    if bool(bad.any()):
+    top = logits.amax(-1)
+    if bool((torch.isnan(top) | (top == float("inf"))).any()):
+        bad = torch.isnan(logits) | (logits == float("inf"))
         index = [int(i) for i in bad.nonzero()[0]]
         raise ValueError(f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index)})")
+    if some_finite:
+        _check_not_empty(name, top)
 
 
 def check_some_allowed(name: str, masked_logits: torch.Tensor) -> None:
     """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V].
 
     name: the argument to blame, the bitmask when there is one, else the logits."""
-    empty = masked_logits.amax(-1) == float("-inf")  # called once the logits hold no NaN or +inf
+    _check_not_empty(name, masked_logits.amax(-1))
+
+
+def _check_not_empty(name: str, top: torch.Tensor) -> None:
+    """top: the max logit of each (row, position) [B, P] or [N]; -inf means no token is left."""
+    empty = top == float("-inf")
     if bool(empty.any()):
         index = [int(i) for i in empty.nonzero()[0]]
         where = _where(index + [0])[: -len(", token 0")]

@@ -203,7 +203,7 @@ def stochastic_acceptance_sampler(
     masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
     if validate:
         checks.check_draft_ids(draft_tokens, vocab)
-        checks.check_finite_logits("target_logits", logits)
+        checks.check_finite_logits("target_logits", logits, some_finite=token_bitmasks is None)
         checks.check_temperature(temperature)
         checks.check_top_k(top_k)
         checks.check_top_p(top_p)
@@ -211,7 +211,8 @@ def stochastic_acceptance_sampler(
             checks.check_min_p(min_p)
         if draft_probs_full is not None:
             checks.check_draft_probs(draft_probs_full)
-        checks.check_some_allowed("target_logits" if token_bitmasks is None else "token_bitmasks", masked)
+        if token_bitmasks is not None:
+            checks.check_some_allowed("token_bitmasks", masked)
         greedy_rows = is_greedy(temperature)
         relaxed_rows = in_thinking_phase & ~greedy_rows if in_thinking_phase is not None else greedy_rows & False
         plan = _Plan(
@@ -298,8 +299,10 @@ def _any(rows: torch.Tensor | None) -> bool:
 
 
 def _pick(value: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
-    """value restricted to the given rows (all rows when rows is None)."""
-    return value if rows is None or value is None else value.index_select(0, rows)
+    """value restricted to the given rows (sorted, distinct; None or every row: value itself)."""
+    if rows is None or value is None or rows.numel() == value.shape[0]:
+        return value
+    return value.index_select(0, rows)
 
 
 def _merge(outputs: tuple, parts: tuple, rows: torch.Tensor | None, rule_rows: torch.Tensor) -> tuple:
@@ -350,7 +353,7 @@ def _stochastic_verdicts(
     drafted = weights[:, :positions]
     accepted, recovered = sampled_verdict(
         draft,
-        drafted / drafted.sum(-1, keepdim=True),
+        drafted.div_(drafted.sum(-1, keepdim=True)),  # in place: the weights are this call's scratch
         draft_probs,
         keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
         keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),

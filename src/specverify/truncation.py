@@ -152,13 +152,14 @@ def _prepare(
     checks.check_same_device({"token_bitmask": token_bitmask}, device, "logits")
     masked = logits if token_bitmask is None else apply_bitmask(logits, token_bitmask)
     if validate:
-        checks.check_finite_logits("logits", logits)
+        checks.check_finite_logits("logits", logits, some_finite=token_bitmask is None)
         checks.check_temperature(temperature)
         checks.check_top_k(top_k)
         checks.check_top_p(top_p)
         if min_p is not None:
             checks.check_min_p(min_p)
-        checks.check_some_allowed("logits" if token_bitmask is None else "token_bitmask", masked)
+        if token_bitmask is not None:
+            checks.check_some_allowed("token_bitmask", masked)
     return masked, temperature, top_k, top_p, min_p
 
 

@@ -55,13 +55,14 @@ def sampled_verdict(
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
     accepted = has_draft & ~rejected
 
-    subtracted = torch.where((has_draft & ~blind)[..., None], draft_probs.float(), 0.0)
-    residual = (target_probs - subtracted).clamp(min=0)
+    # one full-size tensor: p~ - q where q is used (else p~), clamped, then edited in place
+    uses_q = (has_draft & ~blind)[..., None].to(target_probs.dtype)
+    residual = torch.addcmul(target_probs, draft_probs.to(target_probs.dtype), uses_q, value=-1).clamp_(min=0)
     at_draft = residual.gather(-1, column)
-    residual = residual.scatter(-1, column, torch.where((has_draft & blind)[..., None], 0.0, at_draft))
-    empty = ~(residual > 0).any(-1, keepdim=True)
-    residual = torch.where(empty, target_probs, residual)
-    drawn = sample_from_weights(residual.reshape(-1, vocab), residual_uniforms.reshape(-1))
+    residual.scatter_(-1, column, torch.where((has_draft & blind)[..., None], 0.0, at_draft))
+    empty = residual.amax(-1, keepdim=True) <= 0
+    residual = torch.where(empty, target_probs, residual, out=residual)
+    drawn = sample_from_weights(residual.view(-1, vocab), residual_uniforms.reshape(-1))
     recovered = torch.where(accepted, draft, drawn.reshape(batch, positions))
     return accepted, recovered
 

@@ -33,13 +33,13 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def tiny_llama(seed: int):
+def tiny_llama(seed: int, vocab_size: int = VOCAB):
     """A random 2-layer Llama in float64 (its logits do not depend on the batch shape at float32 precision)."""
     transformers = pytest.importorskip("transformers")
     from specverify.decoding import HFLanguageModel
 
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,

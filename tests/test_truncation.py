@@ -148,3 +148,11 @@ def test_both_backends_sample_the_same_tokens(monkeypatch):
     compiled = sv.sample(logits, *params, torch.arange(64))
     monkeypatch.setattr(native, "usable", lambda *tensors: False)
     assert torch.equal(sv.sample(logits, *params, torch.arange(64)), compiled)
+
+
+def test_calls_in_and_out_of_inference_mode_and_on_logits_that_require_grad():
+    logits = torch.randn(3, 2000, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        inside = sv.truncated_probs(logits, 1.0, 5, 0.9)
+    assert torch.equal(sv.truncated_probs(logits, 1.0, 5, 0.9), inside)
+    assert torch.equal(sv.sample(logits.clone().requires_grad_(), 1.0, 5, 0.9, 1), sv.sample(logits, 1.0, 5, 0.9, 1))

@@ -49,7 +49,8 @@ def _scratch(shape: torch.Size, device: torch.device) -> torch.Tensor:
     numel = shape.numel()
     buffer = getattr(_workspace, "buffer", None)
     if buffer is None or buffer.numel() < numel or buffer.device != device:
-        buffer = torch.empty(numel, dtype=torch.float32, device=device)
+        with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
+            buffer = torch.empty(numel, dtype=torch.float32, device=device)
         _workspace.buffer = buffer
     return buffer[:numel].view(shape)
 
@@ -60,7 +61,7 @@ def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Ten
     logits: float [N, V] (masked: -inf for disallowed); temperature: float [N] -> float32 [N, V] in [0, 1],
     written into this thread's scratch buffer (valid until the next call).
     """
-    x = logits.float()
+    x = logits.detach().float()
     top = x.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     inverse = 1.0 / torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]

@@ -230,3 +230,12 @@ def check_output_invariants(args: dict, out) -> None:
         p_d = probs[:, :positions].gather(-1, draft.clamp(min=0)[..., None])[..., 0]
         impossible = (draft >= 0) & (p_d == 0)  # the target cannot commit it: always rejected
         assert not (before & impossible)[plain].any(), "sampled mode accepted a draft with p~(d) == 0"
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test with one torch thread (the decoding loops compare float results across batch shapes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

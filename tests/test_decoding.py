@@ -25,12 +25,7 @@ from specverify.decoding.params import base_seeds, row_params
 VOCAB = 48
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_llama(seed: int, vocab_size: int = VOCAB):

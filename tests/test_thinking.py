@@ -27,12 +27,7 @@ SAMPLED = SamplingParams(temperature=1.0)
 ROWS = 3000
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def markov_tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

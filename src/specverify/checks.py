@@ -209,3 +209,26 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
     if not -(1 << 63) <= seed < 1 << 64:
         raise ValueError(f"seed must fit in 64 bits, in [-2**63, 2**64) (got {seed})")
     return seed, True
+
+
+def check_sampling_params(
+    temperature: object, top_k: object, top_p: object, min_p: object, rows: int, device: torch.device, layout: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The per-row sampling parameters as tensors [rows] (metadata checks). min_p may be None."""
+    return (
+        check_row_param("temperature", temperature, rows, device, integer=False, layout=layout),
+        check_row_param("top_k", top_k, rows, device, integer=True, layout=layout),
+        check_row_param("top_p", top_p, rows, device, integer=False, layout=layout),
+        None if min_p is None else check_row_param("min_p", min_p, rows, device, integer=False, layout=layout),
+    )
+
+
+def check_sampling_values(
+    temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None
+) -> None:
+    """The value rules of the per-row sampling parameters (value checks)."""
+    check_temperature(temperature)
+    check_top_k(top_k)
+    check_top_p(top_p)
+    if min_p is not None:
+        check_min_p(min_p)

@@ -173,11 +173,7 @@ def stochastic_acceptance_sampler(
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
     if vocab_size is not None and checks.check_int("vocab_size", vocab_size) != vocab:
         raise ValueError(f"vocab_size must equal the logits' V = {vocab} (got {vocab_size})")
-    temperature = checks.check_row_param("temperature", temperature, batch, device, integer=False)
-    top_k = checks.check_row_param("top_k", top_k, batch, device, integer=True)
-    top_p = checks.check_row_param("top_p", top_p, batch, device, integer=False)
-    if min_p is not None:
-        min_p = checks.check_row_param("min_p", min_p, batch, device, integer=False)
+    temperature, top_k, top_p, min_p = checks.check_sampling_params(temperature, top_k, top_p, min_p, batch, device, "[B]")
     seed, shared_seed = checks.check_seed(seed, batch, device)
     in_thinking_phase, relaxed_topk, relaxed_delta = _check_relaxed(
         in_thinking_phase, relaxed_topk, relaxed_delta, draft_proposal, batch, device
@@ -204,11 +200,7 @@ def stochastic_acceptance_sampler(
     if validate:
         checks.check_draft_ids(draft_tokens, vocab)
         checks.check_finite_logits("target_logits", logits, some_finite=token_bitmasks is None)
-        checks.check_temperature(temperature)
-        checks.check_top_k(top_k)
-        checks.check_top_p(top_p)
-        if min_p is not None:
-            checks.check_min_p(min_p)
+        checks.check_sampling_values(temperature, top_k, top_p, min_p)
         if draft_probs_full is not None:
             checks.check_draft_probs(draft_probs_full)
         if token_bitmasks is not None:

@@ -142,11 +142,7 @@ def _prepare(
         raise ValueError(f"logits must have shape [N, V] with V >= 1 (got {list(logits.shape)})")
     rows, vocab = logits.shape
     device = logits.device
-    temperature = checks.check_row_param("temperature", temperature, rows, device, integer=False, layout="[N]")
-    top_k = checks.check_row_param("top_k", top_k, rows, device, integer=True, layout="[N]")
-    top_p = checks.check_row_param("top_p", top_p, rows, device, integer=False, layout="[N]")
-    if min_p is not None:
-        min_p = checks.check_row_param("min_p", min_p, rows, device, integer=False, layout="[N]")
+    temperature, top_k, top_p, min_p = checks.check_sampling_params(temperature, top_k, top_p, min_p, rows, device, "[N]")
     if token_bitmask is not None:
         checks.check_tensor("token_bitmask", token_bitmask, (torch.int32,), "an int32 tensor [N, ceil(V/32)]")
         checks.check_shape("token_bitmask", token_bitmask, (rows, num_words(vocab)), "[N, ceil(V/32)]")
@@ -154,11 +150,7 @@ def _prepare(
     masked = logits if token_bitmask is None else apply_bitmask(logits, token_bitmask)
     if validate:
         checks.check_finite_logits("logits", logits, some_finite=token_bitmask is None)
-        checks.check_temperature(temperature)
-        checks.check_top_k(top_k)
-        checks.check_top_p(top_p)
-        if min_p is not None:
-            checks.check_min_p(min_p)
+        checks.check_sampling_values(temperature, top_k, top_p, min_p)
         if token_bitmask is not None:
             checks.check_some_allowed("token_bitmask", masked)
     return masked, temperature, top_k, top_p, min_p

@@ -292,7 +292,6 @@ def check_valid_call(args: dict) -> None:
     logits = args["target_logits"]
     if logits.dtype != torch.float32:  # half precision gives the tokens of its float32 upcast
         assert outputs_equal(out, call({**args, "target_logits": logits.float()})), f"{logits.dtype} != float32 upcast"
-    batch = args["draft_tokens"].shape[0]
     with forbid_host_reads():
         unchecked = call({**args, "validate": False})
     assert outputs_equal(out, unchecked), "validate=False changed the outputs of a valid call"

@@ -141,3 +141,8 @@ def test_half_precision_logits_give_the_tokens_of_their_float32_upcast(dtype, mo
     upcast = sv.stochastic_acceptance_sampler(target_logits=logits.float(), **args)
     for a, b in zip(half, upcast):
         assert torch.equal(a, b)
+
+
+def test_acceptance_counts_per_draft_position():
+    drafted, accepted = sv.acceptance_counts(torch.tensor([0, 2, 3, 1]), torch.tensor([3, 3, 3, 1]))
+    assert drafted.tolist() == [4, 3, 3] and accepted.tolist() == [3, 2, 1]

@@ -1,7 +1,7 @@
 """specverify: lossless, fast verification of speculative-decoding drafts (SPEC.md)."""
 
 from .bitmask import pack_bitmask, unpack_bitmask
-from .commit import acceptance_by_position, committed_tokens
+from .commit import acceptance_counts, committed_tokens
 from .family import (
     AcceptanceSampler,
     compute_synthetic_acceptance_base_rate,
@@ -14,7 +14,7 @@ from .truncation import sample, truncated_probs
 
 __all__ = [
     "AcceptanceSampler",
-    "acceptance_by_position",
+    "acceptance_counts",
     "committed_tokens",
     "compute_synthetic_acceptance_base_rate",
     "greedy_acceptance_sampler",

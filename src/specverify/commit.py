@@ -42,14 +42,14 @@ def committed_tokens(
     return tokens, num_committed
 
 
-def acceptance_by_position(first_rejected_idx: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
-    """Per draft position j, the fraction of rows that drafted a token at j and had it accepted.
+def acceptance_counts(first_rejected_idx: torch.Tensor, num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per draft position j: how many rows drafted a token at j, and how many of those had it accepted.
 
     first_rejected_idx: int [B]; num_drafts: int [B], the drafted (non-padding) length of each row.
-    Returns float64 [max K] (NaN where no row drafted that far).
+    Returns (drafted, accepted): int64 [max num_drafts] each; accepted / drafted is the acceptance rate.
     """
     width = int(num_drafts.max()) if num_drafts.numel() else 0
     positions = torch.arange(width, device=num_drafts.device)
     drafted = positions < num_drafts[:, None]
-    accepted = positions < first_rejected_idx[:, None]
-    return (accepted & drafted).sum(0).double() / drafted.sum(0).double()
+    accepted = drafted & (positions < first_rejected_idx[:, None])
+    return drafted.sum(0), accepted.sum(0)

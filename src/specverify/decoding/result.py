@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+import specverify
+
 
 @dataclass
 class StepEvent:
@@ -58,15 +62,14 @@ class GenerationResult:
     def record(self, drafted_lengths: list[int], first_rejected: list[int]) -> None:
         """Count one step of the rows still generating: each drafted drafted_lengths[i] tokens and had
         the first first_rejected[i] accepted."""
-        width = max(drafted_lengths, default=0)
-        if width > len(self.drafted):
-            grow = width - len(self.drafted)
+        drafted, accepted = specverify.acceptance_counts(torch.tensor(first_rejected), torch.tensor(drafted_lengths))
+        grow = len(drafted) - len(self.drafted)
+        if grow > 0:
             self.drafted += [0] * grow
             self.accepted += [0] * grow
-        for length, first in zip(drafted_lengths, first_rejected):
-            for j in range(length):
-                self.drafted[j] += 1
-                self.accepted[j] += j < first
+        for j, (d, a) in enumerate(zip(drafted.tolist(), accepted.tolist())):
+            self.drafted[j] += d
+            self.accepted[j] += a
         self.steps += 1
         self.row_steps += len(drafted_lengths)
 

@@ -2,7 +2,8 @@
 
 The CDF is taken in vocabulary order in two levels, both in float64: block sums locate the block that
 holds the draw, then a cumulative sum inside that one block locates the token. Only tokens with positive
-weight can be drawn, and the result is always a valid id in [0, V).
+weight can be drawn, and the result is always a valid id in [0, V). On the CPU a compiled kernel makes
+the same two-level walk (native/); the torch code is the fallback and the CUDA path.
 """
 
 from __future__ import annotations

@@ -175,23 +175,26 @@ void truncate_rows(float *weights, int64_t rows, int64_t n, const int64_t *top_k
     free(scratch);
 }
 
-/* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if all NaN). */
+/* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if nothing beats
+ * -inf). Two vectorisable passes: the largest value (a comparison with NaN is false, so NaN is skipped),
+ * then the first index holding it. */
 void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = values + r * n;
-        int64_t best = 0;
-        float best_value = -INFINITY;
-        int found = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const float v = row[i];
-            if (v != v) continue;
-            if (!found || v > best_value) {
-                best = i;
-                best_value = v;
-                found = 1;
+        float lanes[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t i = 0;
+        for (; i + 7 < n; i += 8)
+            for (int lane = 0; lane < 8; lane++) lanes[lane] = row[i + lane] > lanes[lane] ? row[i + lane] : lanes[lane];
+        float best = -INFINITY;
+        for (; i < n; i++) best = row[i] > best ? row[i] : best;
+        for (int lane = 0; lane < 8; lane++) best = lanes[lane] > best ? lanes[lane] : best;
+        int64_t index = 0;
+        for (i = 0; i < n; i++)
+            if (row[i] == best) {
+                index = i;
+                break;
             }
-        }
-        out[r] = best;
+        out[r] = index;
     }
 }
 

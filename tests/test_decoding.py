@@ -28,21 +28,20 @@ VOCAB = 48
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def tiny_llama_config(vocab_size: int, **overrides):
+    """The config of the tests' random 2-layer Llama (transformers.LlamaConfig)."""
+    transformers = pytest.importorskip("transformers")
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3)
+    return transformers.LlamaConfig(vocab_size=vocab_size, **{**sizes, **overrides})
+
+
 def tiny_llama(seed: int, vocab_size: int = VOCAB):
     """A random 2-layer Llama in float64 (its logits do not depend on the batch shape at float32 precision)."""
     transformers = pytest.importorskip("transformers")
     from specverify.decoding import HFLanguageModel
 
-    config = transformers.LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.3,
-    )
+    config = tiny_llama_config(vocab_size)
     torch.manual_seed(seed)
     return HFLanguageModel(transformers.LlamaForCausalLM(config).to(torch.float64))
 

@@ -11,6 +11,7 @@ import torch
 
 from specverify import cli
 from specverify.decoding import loading
+from test_decoding import tiny_llama_config
 
 WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(30)]
 
@@ -28,17 +29,7 @@ def model_folder(tmp_path_factory):
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", eos_token="<eos>")
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tokenizer.save_pretrained(folder)
-    config = transformers.LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.3,
-        eos_token_id=1,
-    )
+    config = tiny_llama_config(len(WORDS), max_position_embeddings=128, eos_token_id=1)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     return folder

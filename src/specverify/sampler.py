@@ -262,6 +262,8 @@ def _verify(
     greedy_rows = is_greedy(temperature)
 
     rows = plan.stochastic_rows
+    if rows is not None and 2 * rows.numel() >= batch:
+        rows = None  # cheaper to run every row than to copy most of the logits
     if _any(rows):
         parts = _stochastic_verdicts(
             *(_pick(t, rows) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),

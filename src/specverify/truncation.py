@@ -57,18 +57,16 @@ def _scratch(shape: torch.Size, device: torch.device) -> torch.Tensor:
     return buffer[:numel].view(shape)
 
 
-def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """exp((x - max x) / T) in float32, the max entry exactly 1; greedy rows use T = 1 (they are not sampled).
 
-    logits: float [N, V] (masked: -inf for disallowed); temperature: float [N] -> float32 [N, V] in [0, 1],
-    written into this thread's scratch buffer (valid until the next call).
+    logits: float32 [N, V] (masked: -inf for disallowed); temperature: float [N]; out: float32 [N, V],
+    written and returned.
     """
-    x = logits.detach().float()
-    top = x.amax(-1, keepdim=True)
+    top = logits.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     inverse = 1.0 / torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]
-    weights = torch.sub(x, top, out=_scratch(x.shape, x.device))
-    return weights.mul_(inverse).exp_()
+    return torch.sub(logits, top, out=out).mul_(inverse).exp_()
 
 
 def top_k_threshold(weights: torch.Tensor, top_k: torch.Tensor, max_k: int | None) -> torch.Tensor:
@@ -107,17 +105,12 @@ def truncate_weights(
     min_p: torch.Tensor | None,
     max_k: int | None,
     use_top_p: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero every weight outside the kept set of SPEC §2 steps 3-5.
+) -> torch.Tensor:
+    """Zero every weight outside the kept set of SPEC §2 steps 3-5 (the torch path).
 
-    weights: float32 [N, V] -> (truncated weights [N, V], their categorical.block_sums).
-    On the CPU the compiled kernel truncates `weights` in place (it must be a scratch buffer) and the
-    hints are not needed. use_top_p: False when every row is known to have top_p == 1.
+    weights: float32 [N, V] -> truncated weights [N, V]. use_top_p: False when every row is known to have
+    top_p == 1.
     """
-    if native.usable(weights) and weights.is_contiguous() and weights.numel():
-        top_p = top_p if use_top_p else torch.ones_like(top_p)
-        sums = native.truncate_rows_(weights, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(weights.shape[-1]))
-        return weights, sums
     threshold = top_k_threshold(weights, top_k, max_k)
     if use_top_p:
         after_top_k = torch.where(weights >= threshold[:, None], weights, 0.0)
@@ -125,8 +118,7 @@ def truncate_weights(
     if min_p is not None:
         # the largest weight is exactly 1, so min_p * max(p) is min_p itself
         threshold = torch.maximum(threshold, min_p.float() * (1 - BOUNDARY_RTOL))
-    truncated = torch.where(weights >= threshold[:, None], weights, 0.0)
-    return truncated, block_sums(truncated)
+    return torch.where(weights >= threshold[:, None], weights, 0.0)
 
 
 def _prepare(
@@ -168,10 +160,20 @@ def truncated_weights(
     use_top_p: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] ->
-    (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). The weights may live in this
-    thread's scratch buffer: use them before the next call."""
-    weights = scaled_weights(masked_logits, temperature)
-    return truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
+    (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). The weights live in this thread's
+    scratch buffer: use them before the next call. On the CPU one compiled pass per row does it all
+    (greedy rows come out one-hot at their argmax); elsewhere torch ops do, with the hints."""
+    x = masked_logits.detach().float()
+    out = _scratch(x.shape, x.device)
+    if native.usable(x) and x.numel():
+        sums = native.weigh_rows(
+            x.contiguous(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
+            block_size(x.shape[-1]), out,
+        )
+        return out, sums
+    weights = scaled_weights(x, temperature, out)
+    truncated = truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
+    return truncated, block_sums(truncated)
 
 
 def truncated_probs(

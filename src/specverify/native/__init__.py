@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-trapping-math"]
 #: Rows per slice below which splitting a batch between threads costs more than it saves.
 MIN_ROWS_PER_THREAD = 4
 
@@ -59,7 +59,8 @@ def load() -> ctypes.CDLL | None:
     except OSError:
         return None
     pointer, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-    library.truncate_rows.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f64, i64, pointer]
+    f32 = ctypes.c_float
+    library.weigh_rows.argtypes = [pointer, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
     library.argmax_rows.argtypes = [pointer, i64, i64, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
     return library
@@ -86,12 +87,22 @@ def usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" for t in tensors) and load() is not None
 
 
-def truncate_rows_(
-    weights: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, rtol: float, block: int
+def weigh_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
-    """Zero, in place, each row's weights outside its kept set, and return the sums of each `block`
-    consecutive kept weights. weights: contiguous float32 [N, V] -> float64 [N, ceil(V / block)]."""
-    rows, vocab = weights.shape
+    """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (one-hot at the argmax
+    for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
+    kept weights. logits, out: contiguous float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]."""
+    rows, vocab = logits.shape
+    temperature = temperature.to(torch.float32).contiguous()
     top_k = top_k.to(torch.int64).contiguous()
     top_p = top_p.to(torch.float32).contiguous()
     min_p = None if min_p is None else min_p.to(torch.float32).contiguous()
@@ -100,11 +111,12 @@ def truncate_rows_(
     library = load()
 
     def run(start: int, stop: int) -> None:
-        library.truncate_rows(
-            weights.data_ptr() + start * vocab * 4, stop - start, vocab,
+        library.weigh_rows(
+            logits.data_ptr() + start * vocab * 4, stop - start, vocab,
+            temperature.data_ptr() + start * 4, greedy_below,
             top_k.data_ptr() + start * 8, top_p.data_ptr() + start * 4,
             None if min_p is None else min_p.data_ptr() + start * 4,
-            rtol, block, sums.data_ptr() + start * blocks * 8,
+            rtol, block, out.data_ptr() + start * vocab * 4, sums.data_ptr() + start * blocks * 8,
         )
 
     _split_rows(rows, run)

@@ -14,6 +14,14 @@
 
 #define FIXED_ONE 1099511627776.0 /* 2^40 */
 
+/* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, the best chosen at load time (GCC's
+ * function multiversioning, on x86-64 Linux); elsewhere they are compiled once for the target. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
 static inline uint32_t bits_of(float value) {
     uint32_t bits;
     memcpy(&bits, &value, sizeof bits);
@@ -90,18 +98,6 @@ static void sift_down(float *heap, int64_t size, int64_t at) {
     }
 }
 
-/* Sum of the values >= threshold (NaN counts 0): eight float lanes (vectorised), added in double. */
-static double mass_at_least(const float *row, int64_t n, float threshold) {
-    float lanes[8] = {0};
-    int64_t i = 0;
-    for (; i + 7 < n; i += 8)
-        for (int lane = 0; lane < 8; lane++) lanes[lane] += row[i + lane] >= threshold ? row[i + lane] : 0.0f;
-    double sum = 0.0;
-    for (; i < n; i++) sum += row[i] >= threshold ? row[i] : 0.0f;
-    for (int lane = 0; lane < 8; lane++) sum += lanes[lane];
-    return sum;
-}
-
 /* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). */
 static void largest_k(const float *row, int64_t n, int64_t k, float *heap) {
     for (int64_t i = 0; i < k; i++) heap[i] = row[i] >= 0.0f ? row[i] : 0.0f;
@@ -150,58 +146,119 @@ static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, 
     return threshold;
 }
 
-/* Truncate each row of weights in place (SPEC §2 steps 3-5): zero every weight below
- * max(k-th largest, nucleus threshold on the top-k-renormalised row, min_p), and NaN or negative ones.
- * The largest weight of a row is 1. top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be
- * NULL. Also writes the sum of each block of `block` kept weights: block_sums [rows, ceil(n / block)]. */
-void truncate_rows(float *weights, int64_t rows, int64_t n, const int64_t *top_k, const float *top_p,
-                   const float *min_p, double rtol, int64_t block, double *block_sums) {
+/* exp(y) for y <= 0 in float32, within about 1 ulp, exact at 0 (exp(0) == 1) and without libm calls, so
+ * that a loop over it vectorises: Cody-Waite reduction y = n ln2 + r, a degree-7 polynomial for e^r
+ * (Cephes' expf), and 2^n applied as two factors so that results down to the subnormals are right.
+ * y below -104 (or NaN) gives 0; y above 88 is clamped there. */
+static inline float exp_nonpositive(float y) {
+    const float zero_below = -104.0f;
+    y = y > zero_below ? y : zero_below;
+    y = y < 88.0f ? y : 88.0f;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const float n = (y * 1.44269504088896341f + shifter) - shifter;
+    const float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t whole = (int32_t)n, half = whole / 2;
+    const float scaled = p * float_of((uint32_t)(half + 127) << 23) * float_of((uint32_t)(whole - half + 127) << 23);
+    return y > zero_below ? scaled : 0.0f;
+}
+
+/* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
+static inline float row_max(const float *row, int64_t n) {
+    float lanes[16];
+    for (int lane = 0; lane < 16; lane++) lanes[lane] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 15 < n; i += 16)
+        for (int lane = 0; lane < 16; lane++) lanes[lane] = row[i + lane] > lanes[lane] ? row[i + lane] : lanes[lane];
+    float best = -INFINITY;
+    for (; i < n; i++) best = row[i] > best ? row[i] : best;
+    for (int lane = 0; lane < 16; lane++) best = lanes[lane] > best ? lanes[lane] : best;
+    return best;
+}
+
+/* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf. */
+static inline int64_t row_argmax(const float *row, int64_t n) {
+    const float best = row_max(row, n);
+    for (int64_t i = 0; i < n; i++)
+        if (row[i] == best) return i;
+    return 0;
+}
+
+/* Zero the weights below the threshold (and NaN) and write the sum of each block of `block` kept
+ * weights: sixteen float lanes per block (vectorised), added in double. */
+static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t block, double *sums) {
+    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+        const int64_t end = start + block < n ? start + block : n;
+        float lanes[16] = {0};
+        int64_t i = start;
+        for (; i + 15 < end; i += 16)
+            for (int lane = 0; lane < 16; lane++) {
+                const float kept = row[i + lane] >= threshold ? row[i + lane] : 0.0f;
+                row[i + lane] = kept;
+                lanes[lane] += kept;
+            }
+        double sum = 0.0;
+        for (; i < end; i++) {
+            row[i] = row[i] >= threshold ? row[i] : 0.0f;
+            sum += row[i];
+        }
+        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+        sums[b] = sum;
+    }
+}
+
+/* The truncated target weights of SPEC §2 from raw logits, one row at a time while it is in cache:
+ * w = exp((x - max x) / T), the largest exactly 1 (a non-finite max counts as 0), then every weight below
+ * max(k-th largest, nucleus threshold on the top-k-renormalised row, min_p) zeroed, and NaN ones.
+ * Rows with temperature below `greedy_below` become one-hot at their argmax (lowest index on ties, NaN
+ * never wins). top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be NULL.
+ * Writes weights [rows, n] and block_sums [rows, ceil(n / block)], the sum of each block of kept weights. */
+CLONES void weigh_rows(const float *logits, int64_t rows, int64_t n, const float *temperature, float greedy_below,
+                       const int64_t *top_k, const float *top_p, const float *min_p, double rtol, int64_t block,
+                       float *weights, double *block_sums) {
     float *scratch = malloc((size_t)n * sizeof *scratch);
     const int64_t blocks = (n + block - 1) / block;
     for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * n;
         float *row = weights + r * n;
+        double *sums = block_sums + r * blocks;
+        if (temperature[r] < greedy_below) {
+            const int64_t best = row_argmax(x, n);
+            memset(row, 0, (size_t)n * sizeof *row);
+            memset(sums, 0, (size_t)blocks * sizeof *sums);
+            row[best] = 1.0f;
+            sums[best / block] = 1.0;
+            continue;
+        }
+        float top = row_max(x, n);
+        top = isfinite(top) ? top : 0.0f;
+        const float inverse = 1.0f / temperature[r];
+        for (int64_t i = 0; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
         float threshold = row_threshold(row, n, top_k[r], top_p[r], rtol, scratch);
         if (min_p) {
             const float ratio = (float)((double)min_p[r] * (1.0 - rtol));
             if (ratio > threshold) threshold = ratio;
         }
-        for (int64_t b = 0; b < blocks; b++) {
-            const int64_t start = b * block, end = start + block < n ? start + block : n;
-            for (int64_t i = start; i < end; i++)
-                if (!(row[i] >= threshold)) row[i] = 0.0f;
-            block_sums[r * blocks + b] = mass_at_least(row + start, end - start, 0.0f);
-        }
+        keep_at_least(row, n, threshold, block, sums);
     }
     free(scratch);
 }
 
-/* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if nothing beats
- * -inf). Two vectorisable passes: the largest value (a comparison with NaN is false, so NaN is skipped),
- * then the first index holding it. */
-void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = values + r * n;
-        float lanes[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        int64_t i = 0;
-        for (; i + 7 < n; i += 8)
-            for (int lane = 0; lane < 8; lane++) lanes[lane] = row[i + lane] > lanes[lane] ? row[i + lane] : lanes[lane];
-        float best = -INFINITY;
-        for (; i < n; i++) best = row[i] > best ? row[i] : best;
-        for (int lane = 0; lane < 8; lane++) best = lanes[lane] > best ? lanes[lane] : best;
-        int64_t index = 0;
-        for (i = 0; i < n; i++)
-            if (row[i] == best) {
-                index = i;
-                break;
-            }
-        out[r] = index;
-    }
+/* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if nothing beats -inf). */
+CLONES void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(values + r * n, n);
 }
 
 /* Inverse-CDF draw per row from kept weights with one uniform: the block whose cumulative sum passes
  * u * total, then the token inside it (only positive weights can be drawn; rounding falls back to the
  * last positive one). block_sums [rows, ceil(n / block)] as written by truncate_rows; out: ids. */
-void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
+CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
                  const double *uniforms, int64_t *out) {
     const int64_t blocks = (n + block - 1) / block;
     for (int64_t r = 0; r < rows; r++) {

@@ -344,10 +344,10 @@ def _stochastic_verdicts(
         accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
         return accepted, recovered, target_sample[:, positions]
     weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
-    drafted = weights[:, :positions]
     accepted, recovered = sampled_verdict(
         draft,
-        drafted.div_(drafted.sum(-1, keepdim=True)),  # in place: the weights are this call's scratch
+        weights[:, :positions],
+        sums[:, :positions].sum(-1),
         draft_probs,
         keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
         keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),

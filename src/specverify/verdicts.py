@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .categorical import sample_from_weights
+from . import native
+from .categorical import block_size, sample_from_weights
 from .truncation import greedy_tokens
 
 
@@ -34,37 +35,57 @@ def greedy_verdict(draft: torch.Tensor, target_argmax: torch.Tensor) -> tuple[to
 
 def sampled_verdict(
     draft: torch.Tensor,
-    target_probs: torch.Tensor,
+    target_weights: torch.Tensor,
+    target_mass: torch.Tensor,
     draft_probs: torch.Tensor,
     accept_uniforms: torch.Tensor,
     residual_uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3.2: the ratio test `reject iff u * q(d) >= p~(d)` with recovery from max(0, p~ - q).
 
-    target_probs: float32 [B, K, V], p~ normalised; draft_probs: float [B, K, V], q;
-    accept_uniforms, residual_uniforms: float64 [B, K].
+    target_weights: float32 [B, K, V], p~ unnormalised; target_mass: float64 [B, K], their sums;
+    draft_probs: float [B, K, V], q; accept_uniforms, residual_uniforms: float64 [B, K].
     Where q(d) == 0 the position is judged without a distribution: q(d) counts as 1 and the residual is p~
     with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
     """
-    batch, positions, vocab = target_probs.shape
     has_draft = draft >= 0
     column = _draft_column(draft)
-    p_draft = target_probs.gather(-1, column)[..., 0].double()
+    p_draft = target_weights.gather(-1, column)[..., 0].double() / target_mass
     q_draft = draft_probs.gather(-1, column)[..., 0].double()
     blind = q_draft <= 0
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
     accepted = has_draft & ~rejected
+    mode = torch.where(
+        has_draft, torch.where(blind, native.WITHOUT_DRAFT, native.FROM_RESIDUAL), native.FROM_TARGET
+    ).to(torch.int32)
+    drawn = recovery_draw(target_weights, target_mass, draft_probs, draft, mode, residual_uniforms)
+    return accepted, torch.where(accepted, draft, drawn)
 
+
+def recovery_draw(
+    target_weights: torch.Tensor,
+    target_mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft: torch.Tensor,
+    mode: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """One draw per position from p~ - q clamped at 0 (native.FROM_RESIDUAL; p~ when that is all zero), p~
+    without the draft token (WITHOUT_DRAFT) or p~ (FROM_TARGET). Shapes as in sampled_verdict; mode: int32
+    [B, K] -> int64 [B, K]. On the CPU a compiled kernel draws without materialising the residual."""
+    batch, positions, vocab = target_weights.shape
+    if native.usable(target_weights) and target_weights.dtype == torch.float32 and target_weights.numel():
+        return native.recover_rows(target_weights, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab))
+    target_probs = target_weights / target_mass[..., None].to(target_weights.dtype)
+    column = _draft_column(draft)
     # one full-size tensor: p~ - q where q is used (else p~), clamped, then edited in place
-    uses_q = (has_draft & ~blind)[..., None].to(target_probs.dtype)
+    uses_q = (mode == native.FROM_RESIDUAL)[..., None].to(target_probs.dtype)
     residual = torch.addcmul(target_probs, draft_probs.to(target_probs.dtype), uses_q, value=-1).clamp_(min=0)
     at_draft = residual.gather(-1, column)
-    residual.scatter_(-1, column, torch.where((has_draft & blind)[..., None], 0.0, at_draft))
+    residual.scatter_(-1, column, torch.where((mode == native.WITHOUT_DRAFT)[..., None], 0.0, at_draft))
     empty = residual.amax(-1, keepdim=True) <= 0
     residual = torch.where(empty, target_probs, residual, out=residual)
-    drawn = sample_from_weights(residual.view(-1, vocab), residual_uniforms.reshape(-1))
-    recovered = torch.where(accepted, draft, drawn.reshape(batch, positions))
-    return accepted, recovered
+    return sample_from_weights(residual.view(-1, vocab), uniforms.reshape(-1)).view(batch, positions)
 
 
 def relaxed_verdict(

@@ -293,3 +293,89 @@ CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const dou
         out[r] = token;
     }
 }
+
+/* Recovery modes of sampled verification, per position. */
+enum { FROM_TARGET = 0, FROM_RESIDUAL = 1, WITHOUT_DRAFT = 2 };
+
+/* The weight a token has in a recovery draw: max(0, w * scale - q) when q is used, else w. */
+static inline float recovery_term(float w, float q, float scale, int use_q) {
+    const float v = use_q ? w * scale - q : w;
+    return v > 0.0f ? v : 0.0f;
+}
+
+/* Sum of the recovery terms of each block of `block` tokens (sixteen float lanes, added in double), the
+ * token `excluded` (or none: -1) left out. Returns the total. */
+static inline double recovery_block_sums(const float *w, const float *q, int64_t n, float scale, int use_q,
+                                         int64_t excluded, int64_t block, double *sums) {
+    double total = 0.0;
+    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+        const int64_t end = start + block < n ? start + block : n;
+        float lanes[16] = {0};
+        int64_t i = start;
+        for (; i + 15 < end; i += 16)
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += recovery_term(w[i + lane], q[i + lane], scale, use_q);
+        double sum = 0.0;
+        for (; i < end; i++) sum += recovery_term(w[i], q[i], scale, use_q);
+        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+        if (excluded >= start && excluded < end) {
+            sum -= recovery_term(w[excluded], q[excluded], scale, use_q);
+            sum = sum > 0.0 ? sum : 0.0;
+        }
+        sums[b] = sum;
+        total += sum;
+    }
+    return total;
+}
+
+/* The recovery draw of sampled verification (SPEC §3.2) for each position, without materialising the
+ * residual: token i with probability proportional to max(0, p~_i - q_i) where p~ = w / mass
+ * (FROM_RESIDUAL; an all-zero residual falls back to p~), to p~ without the drafted token
+ * (WITHOUT_DRAFT: q(d) == 0), or to p~ (FROM_TARGET: no draft). One uniform per position, inverse CDF in
+ * two levels as in sample_rows. For `requests` requests of `positions` drafted positions each:
+ * weights [requests, weight_positions >= positions, n] float32; draft_probs [requests, positions, n] float32;
+ * mass, uniforms: double, draft, mode: [requests, positions]; out: ids [requests, positions]. */
+CLONES void recover_rows(const float *weights, const double *mass, const float *draft_probs, const int64_t *draft,
+                         const int32_t *mode, const double *uniforms, int64_t requests, int64_t positions,
+                         int64_t weight_positions, int64_t n, int64_t block, int64_t *out) {
+    const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
+    double *sums = malloc((size_t)blocks * sizeof *sums);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *w = weights + ((r / positions) * weight_positions + r % positions) * n, *q = draft_probs + r * n;
+        const float scale = (float)(1.0 / mass[r]);
+        int use_q = mode[r] == FROM_RESIDUAL;
+        int64_t excluded = mode[r] == WITHOUT_DRAFT ? draft[r] : -1;
+        double total = recovery_block_sums(w, q, n, scale, use_q, excluded, block, sums);
+        if (!(total > 0.0) && mode[r] != FROM_TARGET) {
+            use_q = 0;
+            excluded = -1;
+            total = recovery_block_sums(w, q, n, scale, use_q, excluded, block, sums);
+        }
+        const double target = uniforms[r] * total;
+        double before = 0.0;
+        int64_t chosen = -1, last_positive = -1;
+        for (int64_t b = 0; b < blocks; b++) {
+            if (!(sums[b] > 0.0)) continue;
+            last_positive = b;
+            if (before + sums[b] > target) {
+                chosen = b;
+                break;
+            }
+            before += sums[b];
+        }
+        if (chosen < 0) chosen = last_positive;
+        int64_t token = 0;
+        if (chosen >= 0) {
+            const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
+            double acc = before;
+            for (int64_t i = chosen * block; i < end; i++) {
+                const float v = recovery_term(w[i], q[i], scale, use_q);
+                if (!(v > 0.0f) || i == excluded) continue;
+                token = i;
+                acc += v;
+                if (acc > target) break;
+            }
+        }
+        out[r] = token;
+    }
+    free(sums);
+}

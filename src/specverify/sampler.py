@@ -346,8 +346,8 @@ def _stochastic_verdicts(
     weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
     accepted, recovered = sampled_verdict(
         draft,
-        weights[:, :positions],
-        sums[:, :positions].sum(-1),
+        weights,
+        sums,
         draft_probs,
         keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
         keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),

@@ -36,21 +36,23 @@ def greedy_verdict(draft: torch.Tensor, target_argmax: torch.Tensor) -> tuple[to
 def sampled_verdict(
     draft: torch.Tensor,
     target_weights: torch.Tensor,
-    target_mass: torch.Tensor,
+    target_sums: torch.Tensor,
     draft_probs: torch.Tensor,
     accept_uniforms: torch.Tensor,
     residual_uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3.2: the ratio test `reject iff u * q(d) >= p~(d)` with recovery from max(0, p~ - q).
 
-    target_weights: float32 [B, K, V], p~ unnormalised; target_mass: float64 [B, K], their sums;
-    draft_probs: float [B, K, V], q; accept_uniforms, residual_uniforms: float64 [B, K].
+    target_weights: float32 [B, P, V] with P >= K, p~ unnormalised (positions from K on are not used);
+    target_sums: float64 [B, P, blocks], their categorical.block_sums; draft_probs: float [B, K, V], q; accept_uniforms, residual_uniforms: float64 [B, K].
     Where q(d) == 0 the position is judged without a distribution: q(d) counts as 1 and the residual is p~
     with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
     """
+    positions = draft.shape[1]
     has_draft = draft >= 0
     column = _draft_column(draft)
-    p_draft = target_weights.gather(-1, column)[..., 0].double() / target_mass
+    target_mass = target_sums[:, :positions].sum(-1)
+    p_draft = target_weights[:, :positions].gather(-1, column)[..., 0].double() / target_mass
     q_draft = draft_probs.gather(-1, column)[..., 0].double()
     blind = q_draft <= 0
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
@@ -58,12 +60,13 @@ def sampled_verdict(
     mode = torch.where(
         has_draft, torch.where(blind, native.WITHOUT_DRAFT, native.FROM_RESIDUAL), native.FROM_TARGET
     ).to(torch.int32)
-    drawn = recovery_draw(target_weights, target_mass, draft_probs, draft, mode, residual_uniforms)
+    drawn = recovery_draw(target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
     return accepted, torch.where(accepted, draft, drawn)
 
 
 def recovery_draw(
     target_weights: torch.Tensor,
+    target_sums: torch.Tensor,
     target_mass: torch.Tensor,
     draft_probs: torch.Tensor,
     draft: torch.Tensor,
@@ -71,12 +74,15 @@ def recovery_draw(
     uniforms: torch.Tensor,
 ) -> torch.Tensor:
     """One draw per position from p~ - q clamped at 0 (native.FROM_RESIDUAL; p~ when that is all zero), p~
-    without the draft token (WITHOUT_DRAFT) or p~ (FROM_TARGET). Shapes as in sampled_verdict; mode: int32
-    [B, K] -> int64 [B, K]. On the CPU a compiled kernel draws without materialising the residual."""
-    batch, positions, vocab = target_weights.shape
-    if native.usable(target_weights) and target_weights.dtype == torch.float32 and target_weights.numel():
-        return native.recover_rows(target_weights, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab))
-    target_probs = target_weights / target_mass[..., None].to(target_weights.dtype)
+    without the draft token (WITHOUT_DRAFT) or p~ (FROM_TARGET). Shapes as in sampled_verdict; target_mass:
+    float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. On the CPU a compiled kernel
+    draws without materialising the residual."""
+    batch, positions, vocab = draft_probs.shape
+    if native.usable(target_weights) and target_weights.dtype == torch.float32 and draft_probs.numel():
+        return native.recover_rows(
+            target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
+        )
+    target_probs = target_weights[:, :positions] / target_mass[..., None].to(target_weights.dtype)
     column = _draft_column(draft)
     # one full-size tensor: p~ - q where q is used (else p~), clamped, then edited in place
     uses_q = (mode == native.FROM_RESIDUAL)[..., None].to(target_probs.dtype)

@@ -63,7 +63,7 @@ def load() -> ctypes.CDLL | None:
     library.weigh_rows.argtypes = [pointer, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
     library.argmax_rows.argtypes = [pointer, i64, i64, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
-    library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
+    library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
     return library
 
 
@@ -153,19 +153,19 @@ FROM_TARGET, FROM_RESIDUAL, WITHOUT_DRAFT = 0, 1, 2
 
 
 def recover_rows(
-    weights: torch.Tensor, mass: torch.Tensor, draft_probs: torch.Tensor, draft: torch.Tensor, mode: torch.Tensor,
-    uniforms: torch.Tensor, block: int,
+    weights: torch.Tensor, weight_sums: torch.Tensor, mass: torch.Tensor, draft_probs: torch.Tensor,
+    draft: torch.Tensor, mode: torch.Tensor, uniforms: torch.Tensor, block: int,
 ) -> torch.Tensor:
     """The recovery draw of sampled verification at each drafted position, the residual never materialised.
 
-    weights: float32 [B, K, V], unnormalised p~ (rows of V contiguous, requests any whole number of rows
-    apart: a slice [:, :K] of [B, K+1, V] is read in place); mass: float64 [B, K], their sums; draft_probs: float [B, K, V]; draft: int64 [B, K];
-    mode: int [B, K] (FROM_TARGET, FROM_RESIDUAL or WITHOUT_DRAFT); uniforms: float64 [B, K] -> int64 [B, K].
+    weights: float32 [B, P, V] with P >= K, unnormalised p~ (positions from K on are not read), and
+    weight_sums: float64 [B, P, ceil(V / block)], their block sums; mass: float64 [B, K], the weights' sums;
+    draft_probs: float [B, K, V]; draft: int64 [B, K]; mode: int [B, K] (FROM_TARGET, FROM_RESIDUAL or
+    WITHOUT_DRAFT); uniforms: float64 [B, K] -> int64 [B, K].
     """
     requests, positions, vocab = draft_probs.shape
-    if weights.stride(2) != 1 or weights.stride(1) != vocab or weights.stride(0) % vocab:
-        weights = weights.contiguous()
-    weight_positions = weights.stride(0) // vocab
+    weight_positions, blocks = weights.shape[1], weight_sums.shape[-1]
+    weights, weight_sums = weights.contiguous(), weight_sums.contiguous()
     draft_probs = draft_probs.to(torch.float32).contiguous()
     mass, uniforms = mass.to(torch.float64).contiguous(), uniforms.to(torch.float64).contiguous()
     draft, mode = draft.to(torch.int64).contiguous(), mode.to(torch.int32).contiguous()
@@ -175,9 +175,10 @@ def recover_rows(
     def run(a: int, b: int) -> None:
         first = a * positions
         library.recover_rows(
-            weights.data_ptr() + a * weight_positions * vocab * 4, mass.data_ptr() + first * 8,
-            draft_probs.data_ptr() + first * vocab * 4, draft.data_ptr() + first * 8, mode.data_ptr() + first * 4,
-            uniforms.data_ptr() + first * 8, b - a, positions, weight_positions, vocab, block, out.data_ptr() + first * 8,
+            weights.data_ptr() + a * weight_positions * vocab * 4, weight_sums.data_ptr() + a * weight_positions * blocks * 8,
+            mass.data_ptr() + first * 8, draft_probs.data_ptr() + first * vocab * 4, draft.data_ptr() + first * 8,
+            mode.data_ptr() + first * 4, uniforms.data_ptr() + first * 8, b - a, positions, weight_positions, vocab,
+            block, out.data_ptr() + first * 8,
         )
 
     _split_rows(requests, run)

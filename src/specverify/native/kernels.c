@@ -255,30 +255,39 @@ CLONES void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *o
     for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(values + r * n, n);
 }
 
+/* The block of a two-level inverse-CDF draw: the first block with positive sum whose cumulative sum
+ * passes target (rounding falls back to the last positive one; -1 when none is positive); the sum of
+ * the blocks before it goes to *before. */
+static inline int64_t choose_block(const double *sums, int64_t blocks, double target, double *before) {
+    int64_t last_positive = -1;
+    double passed = 0.0, at_last = 0.0;
+    for (int64_t b = 0; b < blocks; b++) {
+        if (!(sums[b] > 0.0)) continue;
+        if (passed + sums[b] > target) {
+            *before = passed;
+            return b;
+        }
+        last_positive = b;
+        at_last = passed;
+        passed += sums[b];
+    }
+    *before = at_last;
+    return last_positive;
+}
+
 /* Inverse-CDF draw per row from kept weights with one uniform: the block whose cumulative sum passes
  * u * total, then the token inside it (only positive weights can be drawn; rounding falls back to the
- * last positive one). block_sums [rows, ceil(n / block)] as written by truncate_rows; out: ids. */
+ * last positive one). block_sums [rows, ceil(n / block)] as written by weigh_rows; out: ids. */
 CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
-                 const double *uniforms, int64_t *out) {
+                        const double *uniforms, int64_t *out) {
     const int64_t blocks = (n + block - 1) / block;
     for (int64_t r = 0; r < rows; r++) {
         const float *row = weights + r * n;
         const double *sums = block_sums + r * blocks;
-        double total = 0.0;
+        double total = 0.0, before = 0.0;
         for (int64_t b = 0; b < blocks; b++) total += sums[b];
         const double target = uniforms[r] * total;
-        double before = 0.0;
-        int64_t chosen = -1, last_positive = -1;
-        for (int64_t b = 0; b < blocks; b++) {
-            if (!(sums[b] > 0.0)) continue;
-            last_positive = b;
-            if (before + sums[b] > target) {
-                chosen = b;
-                break;
-            }
-            before += sums[b];
-        }
-        if (chosen < 0) chosen = last_positive;
+        const int64_t chosen = choose_block(sums, blocks, target, &before);
         int64_t token = 0;
         if (chosen >= 0) {
             const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
@@ -297,30 +306,26 @@ CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const dou
 /* Recovery modes of sampled verification, per position. */
 enum { FROM_TARGET = 0, FROM_RESIDUAL = 1, WITHOUT_DRAFT = 2 };
 
-/* The weight a token has in a recovery draw: max(0, w * scale - q) when q is used, else w. */
-static inline float recovery_term(float w, float q, float scale, int use_q) {
-    const float v = use_q ? w * scale - q : w;
+/* The residual weight of a token: max(0, w * scale - q). */
+static inline float residual_term(float w, float q, float scale) {
+    const float v = w * scale - q;
     return v > 0.0f ? v : 0.0f;
 }
 
-/* Sum of the recovery terms of each block of `block` tokens (sixteen float lanes, added in double), the
- * token `excluded` (or none: -1) left out. Returns the total. */
-static inline double recovery_block_sums(const float *w, const float *q, int64_t n, float scale, int use_q,
-                                         int64_t excluded, int64_t block, double *sums) {
+/* Sum of the residual weights of each block of `block` tokens (sixteen float lanes, added in double).
+ * Returns the total. */
+static inline double residual_block_sums(const float *w, const float *q, int64_t n, float scale, int64_t block,
+                                         double *sums) {
     double total = 0.0;
     for (int64_t start = 0, b = 0; start < n; start += block, b++) {
         const int64_t end = start + block < n ? start + block : n;
         float lanes[16] = {0};
         int64_t i = start;
         for (; i + 15 < end; i += 16)
-            for (int lane = 0; lane < 16; lane++) lanes[lane] += recovery_term(w[i + lane], q[i + lane], scale, use_q);
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += residual_term(w[i + lane], q[i + lane], scale);
         double sum = 0.0;
-        for (; i < end; i++) sum += recovery_term(w[i], q[i], scale, use_q);
+        for (; i < end; i++) sum += residual_term(w[i], q[i], scale);
         for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
-        if (excluded >= start && excluded < end) {
-            sum -= recovery_term(w[excluded], q[excluded], scale, use_q);
-            sum = sum > 0.0 ? sum : 0.0;
-        }
         sums[b] = sum;
         total += sum;
     }
@@ -331,44 +336,41 @@ static inline double recovery_block_sums(const float *w, const float *q, int64_t
  * residual: token i with probability proportional to max(0, p~_i - q_i) where p~ = w / mass
  * (FROM_RESIDUAL; an all-zero residual falls back to p~), to p~ without the drafted token
  * (WITHOUT_DRAFT: q(d) == 0), or to p~ (FROM_TARGET: no draft). One uniform per position, inverse CDF in
- * two levels as in sample_rows. For `requests` requests of `positions` drafted positions each:
- * weights [requests, weight_positions >= positions, n] float32; draft_probs [requests, positions, n] float32;
- * mass, uniforms: double, draft, mode: [requests, positions]; out: ids [requests, positions]. */
-CLONES void recover_rows(const float *weights, const double *mass, const float *draft_probs, const int64_t *draft,
-                         const int32_t *mode, const double *uniforms, int64_t requests, int64_t positions,
-                         int64_t weight_positions, int64_t n, int64_t block, int64_t *out) {
+ * two levels as in sample_rows. For `requests` requests of `positions` drafted positions each, the
+ * weights of position j of request r at row r * weight_positions + j of weights [.., n] float32 and of
+ * weight_sums [.., ceil(n / block)] (their block sums); draft_probs [requests, positions, n] float32;
+ * mass (the weights' sums), uniforms: double, draft, mode: [requests, positions]; out: ids, same shape. */
+CLONES void recover_rows(const float *weights, const double *weight_sums, const double *mass, const float *draft_probs,
+                         const int64_t *draft, const int32_t *mode, const double *uniforms, int64_t requests,
+                         int64_t positions, int64_t weight_positions, int64_t n, int64_t block, int64_t *out) {
     const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
     double *sums = malloc((size_t)blocks * sizeof *sums);
     for (int64_t r = 0; r < rows; r++) {
-        const float *w = weights + ((r / positions) * weight_positions + r % positions) * n, *q = draft_probs + r * n;
+        const int64_t weight_row = (r / positions) * weight_positions + r % positions;
+        const float *w = weights + weight_row * n, *q = draft_probs + r * n;
         const float scale = (float)(1.0 / mass[r]);
         int use_q = mode[r] == FROM_RESIDUAL;
-        int64_t excluded = mode[r] == WITHOUT_DRAFT ? draft[r] : -1;
-        double total = recovery_block_sums(w, q, n, scale, use_q, excluded, block, sums);
-        if (!(total > 0.0) && mode[r] != FROM_TARGET) {
+        const int64_t excluded = mode[r] == WITHOUT_DRAFT ? draft[r] : -1;
+        double total = use_q ? residual_block_sums(w, q, n, scale, block, sums) : 0.0;
+        if (!(total > 0.0)) {
             use_q = 0;
-            excluded = -1;
-            total = recovery_block_sums(w, q, n, scale, use_q, excluded, block, sums);
+            memcpy(sums, weight_sums + weight_row * blocks, (size_t)blocks * sizeof *sums);
+            if (excluded >= 0) {
+                const double left = sums[excluded / block] - w[excluded];
+                sums[excluded / block] = left > 0.0 ? left : 0.0;
+            }
+            total = 0.0;
+            for (int64_t b = 0; b < blocks; b++) total += sums[b];
         }
         const double target = uniforms[r] * total;
         double before = 0.0;
-        int64_t chosen = -1, last_positive = -1;
-        for (int64_t b = 0; b < blocks; b++) {
-            if (!(sums[b] > 0.0)) continue;
-            last_positive = b;
-            if (before + sums[b] > target) {
-                chosen = b;
-                break;
-            }
-            before += sums[b];
-        }
-        if (chosen < 0) chosen = last_positive;
+        const int64_t chosen = choose_block(sums, blocks, target, &before);
         int64_t token = 0;
         if (chosen >= 0) {
             const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
             double acc = before;
             for (int64_t i = chosen * block; i < end; i++) {
-                const float v = recovery_term(w[i], q[i], scale, use_q);
+                const float v = use_q ? residual_term(w[i], q[i], scale) : w[i] > 0.0f ? w[i] : 0.0f;
                 if (!(v > 0.0f) || i == excluded) continue;
                 token = i;
                 acc += v;

@@ -264,13 +264,16 @@ def _verify(
     rows = plan.stochastic_rows
     if rows is not None and 2 * rows.numel() >= batch:
         rows = None  # cheaper to run every row than to copy most of the logits
+    # p~ of a greedy row is one-hot at its argmax, so the stochastic rules commit for it what the greedy
+    # rule does: when they run on every row, greedy rows need nothing more
+    greedy_done = rows is None
     if _any(rows):
         parts = _stochastic_verdicts(
             *(_pick(t, rows) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
             plan,
             _pick(draft_probs, rows),
         )
-        outputs = _merge(outputs, parts, rows, ~greedy_rows)
+        outputs = parts if greedy_done else _merge(outputs, parts, rows, ~greedy_rows)
 
     rows = plan.relaxed_rows
     if in_thinking_phase is not None and _any(rows):
@@ -278,7 +281,7 @@ def _verify(
         outputs = _merge(outputs, parts, rows, in_thinking_phase & ~greedy_rows)
 
     rows = plan.greedy_rows
-    if _any(rows):
+    if not greedy_done and _any(rows):
         target_argmax = greedy_tokens(_pick(masked, rows))
         parts = (*greedy_verdict(_pick(draft, rows), target_argmax[:, :positions]), target_argmax[:, positions])
         outputs = _merge(outputs, parts, rows, greedy_rows)

@@ -160,9 +160,10 @@ def truncated_weights(
     use_top_p: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] ->
-    (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). The weights live in this thread's
-    scratch buffer: use them before the next call. On the CPU one compiled pass per row does it all
-    (greedy rows come out one-hot at their argmax); elsewhere torch ops do, with the hints."""
+    (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). Greedy rows are one-hot at their
+    argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
+    does. The weights may live in this thread's scratch buffer: use them before the next call. On the CPU
+    one compiled pass per row does it all; elsewhere torch ops do, with the hints."""
     x = masked_logits.detach().float()
     out = _scratch(x.shape, x.device)
     if native.usable(x) and x.numel():
@@ -173,6 +174,8 @@ def truncated_weights(
         return out, sums
     weights = scaled_weights(x, temperature, out)
     truncated = truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
+    one_hot = torch.zeros_like(truncated).scatter_(1, greedy_tokens(x)[:, None], 1.0)
+    truncated = torch.where(is_greedy(temperature)[:, None], one_hot, truncated)
     return truncated, block_sums(truncated)
 
 
@@ -198,9 +201,7 @@ def truncated_probs(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
     weights, _ = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    probs = weights / weights.sum(-1, keepdim=True)
-    one_hot = torch.nn.functional.one_hot(greedy_tokens(masked), masked.shape[-1]).float()
-    return torch.where(is_greedy(temperature)[:, None], one_hot, probs)
+    return weights / weights.sum(-1, keepdim=True)
 
 
 def sample(
@@ -229,5 +230,4 @@ def sample(
     seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
     seeds = per_row_seeds(seed, shared, rows, masked.device)
     weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    drawn = sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)
-    return torch.where(is_greedy(temperature), greedy_tokens(masked), drawn)
+    return sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)

@@ -34,6 +34,29 @@ static inline float float_of(uint32_t bits) {
     return value;
 }
 
+/* Sixteen float lanes as one vector (GCC/Clang vector extensions: one AVX-512 register, two AVX2 or four
+ * SSE ones), for the loops the compiler does not vectorise by itself: a NaN-skipping max and argmax. */
+typedef float floats16 __attribute__((vector_size(64)));
+typedef int32_t ints16 __attribute__((vector_size(64)));
+
+static inline floats16 load16(const float *at) {
+    floats16 v;
+    memcpy(&v, at, sizeof v);
+    return v;
+}
+
+/* Lanes of `when` where the mask is set, else lanes of `otherwise`. */
+static inline floats16 select16(ints16 mask, floats16 when, floats16 otherwise) {
+    return (floats16)((mask & (ints16)when) | (~mask & (ints16)otherwise));
+}
+
+/* The largest lane (NaN never wins; -inf when all lanes are NaN or -inf). */
+static inline float lanes_max(floats16 v) {
+    float best = -INFINITY;
+    for (int lane = 0; lane < 16; lane++) best = v[lane] > best ? v[lane] : best;
+    return best;
+}
+
 /* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
  * a value weighs itself (mass != 0) or 1, and the target is `target`, or `target` times the weight of
  * {v >= floor} when `fraction` != 0. Returns 0 when the whole weight is below the target.
@@ -171,23 +194,43 @@ static inline float exp_nonpositive(float y) {
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
 static inline float row_max(const float *row, int64_t n) {
-    float lanes[16];
-    for (int lane = 0; lane < 16; lane++) lanes[lane] = -INFINITY;
+    floats16 lanes = (floats16){0} - INFINITY;
     int64_t i = 0;
-    for (; i + 15 < n; i += 16)
-        for (int lane = 0; lane < 16; lane++) lanes[lane] = row[i + lane] > lanes[lane] ? row[i + lane] : lanes[lane];
-    float best = -INFINITY;
+    for (; i + 15 < n; i += 16) {
+        const floats16 v = load16(row + i);
+        lanes = select16(v > lanes, v, lanes);
+    }
+    float best = lanes_max(lanes);
     for (; i < n; i++) best = row[i] > best ? row[i] : best;
-    for (int lane = 0; lane < 16; lane++) best = lanes[lane] > best ? lanes[lane] : best;
     return best;
 }
 
-/* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf. */
+/* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf.
+ * One pass: each lane keeps its largest value and the first index holding it. */
 static inline int64_t row_argmax(const float *row, int64_t n) {
-    const float best = row_max(row, n);
-    for (int64_t i = 0; i < n; i++)
-        if (row[i] == best) return i;
-    return 0;
+    floats16 lanes = (floats16){0} - INFINITY;
+    ints16 at = (ints16){0} - 1;
+    const ints16 offsets = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    int64_t i = 0;
+    for (; i + 15 < n && i < INT32_MAX - 16; i += 16) {
+        const floats16 v = load16(row + i);
+        const ints16 greater = v > lanes;
+        lanes = select16(greater, v, lanes);
+        at = (greater & (offsets + (int32_t)i)) | (~greater & at);
+    }
+    float best = -INFINITY;
+    int64_t index = -1;
+    for (int lane = 0; lane < 16; lane++)
+        if (at[lane] >= 0 && (lanes[lane] > best || (lanes[lane] == best && at[lane] < index))) {
+            best = lanes[lane];
+            index = at[lane];
+        }
+    for (; i < n; i++)
+        if (row[i] > best) {
+            best = row[i];
+            index = i;
+        }
+    return index < 0 ? 0 : index;
 }
 
 /* Zero the weights below the threshold (and NaN) and write the sum of each block of `block` kept

@@ -96,6 +96,26 @@ def test_one_and_two_threads_give_identical_results(code_path, mode, shape):
     assert torch.get_num_threads() >= 1
 
 
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are not available")
+@pytest.mark.parametrize("mode", ["argmax", "sampled"])
+def test_kernels_built_without_openmp_give_identical_results(monkeypatch, tmp_path, mode):
+    """Where torch does not run on GNU OpenMP the kernels are built without it and a Python thread pool
+    splits the rows: the same results, bit for bit."""
+    from specverify import native
+
+    args = _call(16, 3, 5000, mode)
+    threaded = _everything(args)
+    assert native.load().specverify_threads_itself == (native.torch_openmp_runtime() is not None)
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "torch_openmp_runtime", lambda: None)
+    native.load.cache_clear()
+    try:
+        assert not native.load().specverify_threads_itself
+        assert outputs_equal(_with_threads(2, _everything, args), threaded)
+    finally:
+        native.load.cache_clear()
+
+
 def test_thread_count_is_restored():
     before = torch.get_num_threads()
     _with_threads(1, lambda: None)

@@ -1,10 +1,16 @@
 """Optional compiled CPU kernels (kernels.c), built with the system C compiler on first use.
 
 The shared library is cached under $SPECVERIFY_CACHE (default ~/.cache/specverify) by a hash of the
-source and compiler flags, so the build (well under a second) happens once per machine. Where no compiler
-is found or the build fails, `load()` returns None and callers use their torch implementation; set
-SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU float32 rows; a batch is split into
-`torch.get_num_threads()` slices that run in parallel (ctypes releases the GIL during the call).
+source, compiler flags and OpenMP runtime, so the build (about a second) happens once per machine. Where
+no compiler is found or the build fails, `load()` returns None and callers use their torch implementation;
+set SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU float32 rows.
+
+Threads: where torch runs on GNU OpenMP (Linux wheels), the kernels are built with OpenMP and linked to
+the very runtime torch loaded, so a call spreads its rows over torch's own thread team; that team's
+threads spin for a while after every parallel torch op, and work handed to them starts at once, where
+threads of our own would have to share the cores with them (a 40% slowdown measured right after a
+torch reduction). Elsewhere a batch is split into `torch.get_num_threads()` slices run by a Python
+thread pool (ctypes releases the GIL during the call).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-trapping-math"]
+FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-Wno-psabi"]
 #: Rows per slice below which splitting a batch between threads costs more than it saves.
 MIN_ROWS_PER_THREAD = 4
 
@@ -31,18 +37,44 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SPECVERIFY_CACHE", Path.home() / ".cache" / "specverify"))
 
 
-def _build(target: Path) -> bool:
+def torch_openmp_runtime() -> Path | None:
+    """The GNU OpenMP runtime this process has loaded for torch (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libgomp" in line}
+    except OSError:
+        return None
+    return Path(min(paths)) if len(paths) == 1 else None
+
+
+def _build(target: Path, openmp: Path | None) -> bool:
+    """Compile kernels.c into target: with OpenMP linked to the given runtime, or without OpenMP."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
-        if result.returncode != 0:
-            return False
+        built, objects = Path(scratch) / target.name, Path(scratch) / "kernels.o"
+        steps = [[compiler, *FLAGS, *(["-fopenmp"] if openmp else []), "-c", str(SOURCE), "-o", str(objects)]]
+        runtime = [str(openmp), f"-Wl,-rpath,{openmp.parent}"] if openmp else []
+        steps.append([compiler, "-shared", str(objects), *runtime, "-o", str(built), "-lm"])
+        for step in steps:
+            if subprocess.run(step, capture_output=True, text=True).returncode != 0:
+                return False
         os.replace(built, target)  # atomic: concurrent builders never see a half-written library
     return True
+
+
+def _open(openmp: Path | None) -> ctypes.CDLL | None:
+    """The kernels built for this OpenMP runtime (or none), built first if not cached; None on failure."""
+    key = SOURCE.read_bytes() + " ".join(FLAGS).encode() + str(openmp).encode()
+    target = _cache_dir() / f"kernels-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    try:
+        if not target.exists() and not _build(target, openmp):
+            return None
+        return ctypes.CDLL(str(target))
+    except OSError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,14 +82,13 @@ def load() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be built (callers fall back to torch)."""
     if os.environ.get("SPECVERIFY_NATIVE", "1") == "0":
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"kernels-{digest}.so"
-    try:
-        if not target.exists() and not _build(target):
-            return None
-        library = ctypes.CDLL(str(target))
-    except OSError:
+    openmp = torch_openmp_runtime()
+    library = _open(openmp) if openmp else None
+    threaded = library is not None
+    library = library or _open(None)
+    if library is None:
         return None
+    library.specverify_threads_itself = threaded
     pointer, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     f32 = ctypes.c_float
     library.weigh_rows.argtypes = [pointer, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
@@ -73,8 +104,11 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def _split_rows(rows: int, run) -> None:
-    """Call run(start, stop) on slices of the rows, in parallel over torch's thread count."""
+    """Call run(start, stop) on slices of the rows, in parallel over torch's thread count (once over all
+    rows where the kernels spread their rows over OpenMP threads themselves)."""
     slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
+    if load().specverify_threads_itself:
+        slices = 1
     bounds = [rows * s // slices for s in range(slices + 1)]
     if slices == 1:
         run(0, rows)

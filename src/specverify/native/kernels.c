@@ -13,6 +13,8 @@
 #include <stdlib.h>
 
 #define FIXED_ONE 1099511627776.0 /* 2^40 */
+/* Below this many values a call stays on one thread. */
+#define PARALLEL_WORK 65536
 
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, the best chosen at load time (GCC's
  * function multiversioning, on x86-64 Linux); elsewhere they are compiled once for the target. */
@@ -265,8 +267,11 @@ static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t
 CLONES void weigh_rows(const float *logits, int64_t rows, int64_t n, const float *temperature, float greedy_below,
                        const int64_t *top_k, const float *top_p, const float *min_p, double rtol, int64_t block,
                        float *weights, double *block_sums) {
-    float *scratch = malloc((size_t)n * sizeof *scratch);
     const int64_t blocks = (n + block - 1) / block;
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
+    float *scratch = malloc((size_t)n * sizeof *scratch);
+#pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * n;
         float *row = weights + r * n;
@@ -291,10 +296,12 @@ CLONES void weigh_rows(const float *logits, int64_t rows, int64_t n, const float
         keep_at_least(row, n, threshold, block, sums);
     }
     free(scratch);
+    }
 }
 
 /* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if nothing beats -inf). */
 CLONES void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
+#pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * n >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(values + r * n, n);
 }
 
@@ -324,6 +331,7 @@ static inline int64_t choose_block(const double *sums, int64_t blocks, double ta
 CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
                         const double *uniforms, int64_t *out) {
     const int64_t blocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * block >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; r++) {
         const float *row = weights + r * n;
         const double *sums = block_sums + r * blocks;
@@ -387,7 +395,10 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
                          const int64_t *draft, const int32_t *mode, const double *uniforms, int64_t requests,
                          int64_t positions, int64_t weight_positions, int64_t n, int64_t block, int64_t *out) {
     const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
     double *sums = malloc((size_t)blocks * sizeof *sums);
+#pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t weight_row = (r / positions) * weight_positions + r % positions;
         const float *w = weights + weight_row * n, *q = draft_probs + r * n;
@@ -423,4 +434,5 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
         out[r] = token;
     }
     free(sums);
+    }
 }

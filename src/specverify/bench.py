@@ -8,6 +8,7 @@ physical read floor) and to one `torch.softmax`. The last line printed is one JS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -109,6 +110,20 @@ def time_case(run: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send what C++ code writes to file descriptor 2 to /dev/null inside the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_extra_bytes(run: Callable[[], object]) -> int:
     """Peak bytes allocated during one call beyond what was allocated before it (CPU: via the profiler).
 
@@ -121,8 +136,9 @@ def peak_extra_bytes(run: Callable[[], object]) -> int:
 
     result: list = []
     worker = threading.Thread(target=profiled)
-    worker.start()
-    worker.join()
+    with _quiet_stderr():  # the profiler's C++ side logs its start and stop there
+        worker.start()
+        worker.join()
     prof = result[0]
     events = sorted(
         (e for e in prof.events() if e.cpu_memory_usage != 0), key=lambda e: e.time_range.start

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-Wno-psabi"]
+FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-ffp-contract=fast", "-Wno-psabi"]
 #: Rows per slice below which splitting a batch between threads costs more than it saves.
 MIN_ROWS_PER_THREAD = 4
 

@@ -173,14 +173,15 @@ static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, 
 
 /* exp(y) for y <= 0 in float32, within about 1 ulp, exact at 0 (exp(0) == 1) and without libm calls, so
  * that a loop over it vectorises: Cody-Waite reduction y = n ln2 + r, a degree-7 polynomial for e^r
- * (Cephes' expf), and 2^n applied as two factors so that results down to the subnormals are right.
- * y below -104 (or NaN) gives 0; y above 88 is clamped there. */
+ * (Cephes' expf) and 2^n written into the exponent bits. Below -87.3 (where e^y leaves the normal floats,
+ * 1.2e-38 of the largest weight) the result goes to subnormals and then 0 at -88; NaN gives 0; y above
+ * 88 is clamped there. */
 static inline float exp_nonpositive(float y) {
-    const float zero_below = -104.0f;
-    y = y > zero_below ? y : zero_below;
+    y = y > -88.0f ? y : -88.0f;
     y = y < 88.0f ? y : 88.0f;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float n = (y * 1.44269504088896341f + shifter) - shifter;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
+    const float shifted = y * 1.44269504088896341f + shifter;
+    const float n = shifted - shifter;
     const float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -189,9 +190,8 @@ static inline float exp_nonpositive(float y) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const int32_t whole = (int32_t)n, half = whole / 2;
-    const float scaled = p * float_of((uint32_t)(half + 127) << 23) * float_of((uint32_t)(whole - half + 127) << 23);
-    return y > zero_below ? scaled : 0.0f;
+    const uint32_t biased = bits_of(shifted) - bits_of(shifter) + 127u; /* n + 127 in [0, 254]; 0 gives 0 */
+    return p * float_of(biased << 23);
 }
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */

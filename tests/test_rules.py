@@ -33,6 +33,23 @@ def test_greedy_ties_go_to_the_lowest_id_and_nan_never_wins():
     assert (first.tolist(), recovered.tolist(), bonus.tolist()) == ([0], [[1]], [[2]])
 
 
+@pytest.mark.parametrize("vocab", [1, 3, 7, 8, 9, 16, 17, 63, 64, 65, 1000])
+def test_greedy_argmax_on_ties_nan_and_inf_at_every_lane_and_tail_position(code_path, vocab):
+    # few distinct values, so ties land in every vector lane, both accumulators and the scalar tail
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(0, 3, (400, vocab), generator=g).float()
+    specials = torch.tensor([float("nan"), float("-inf"), float("inf"), 2.0])
+    where = torch.rand(400, vocab, generator=g) < 0.2
+    logits = torch.where(where, specials[torch.randint(0, 4, (400, vocab), generator=g)], logits)
+    logits[:20] = float("nan")
+    logits[20:40] = float("-inf")
+    cleaned = torch.nan_to_num(logits, nan=float("-inf"))
+    expected = torch.where(cleaned == cleaned.amax(-1, keepdim=True), torch.arange(vocab), vocab).amin(-1)
+    expected = torch.where(cleaned.amax(-1) == float("-inf"), 0, expected)  # nothing beats -inf: id 0
+    got = sv.sample(logits, 0.0, 0, 1.0, seed=1, validate=False)
+    assert torch.equal(got, expected)
+
+
 def test_greedy_respects_the_bitmask():
     logits = torch.tensor([[[0.0, 9.0, 1.0, 2.0], [9.0, 0.0, 0.0, 1.0]]])
     allowed = torch.tensor([[[True, False, True, False], [False, True, True, True]]])

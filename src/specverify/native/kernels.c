@@ -36,26 +36,33 @@ static inline float float_of(uint32_t bits) {
     return value;
 }
 
-/* Sixteen float lanes as one vector (GCC/Clang vector extensions: one AVX-512 register, two AVX2 or four
- * SSE ones), for the loops the compiler does not vectorise by itself: a NaN-skipping max and argmax. */
-typedef float floats16 __attribute__((vector_size(64)));
-typedef int32_t ints16 __attribute__((vector_size(64)));
+/* Four float lanes as one vector (GCC/Clang vector extensions: one SSE or NEON register; wider vectors
+ * are lowered badly where the target lacks them, so loops keep two of them in flight), for the loops the
+ * compiler does not vectorise by itself: NaN-skipping max and argmax. */
+#define LANES 4
+typedef float floats4 __attribute__((vector_size(4 * LANES)));
+typedef int32_t ints4 __attribute__((vector_size(4 * LANES)));
 
-static inline floats16 load16(const float *at) {
-    floats16 v;
+static inline floats4 load4(const float *at) {
+    floats4 v;
     memcpy(&v, at, sizeof v);
     return v;
 }
 
 /* Lanes of `when` where the mask is set, else lanes of `otherwise`. */
-static inline floats16 select16(ints16 mask, floats16 when, floats16 otherwise) {
-    return (floats16)((mask & (ints16)when) | (~mask & (ints16)otherwise));
+static inline floats4 select4(ints4 mask, floats4 when, floats4 otherwise) {
+    return (floats4)((mask & (ints4)when) | (~mask & (ints4)otherwise));
+}
+
+/* Lane by lane, the larger of a and b (b where a is NaN). */
+static inline floats4 max4(floats4 a, floats4 b) {
+    return select4(a > b, a, b);
 }
 
 /* The largest lane (NaN never wins; -inf when all lanes are NaN or -inf). */
-static inline float lanes_max(floats16 v) {
+static inline float lanes_max(floats4 v) {
     float best = -INFINITY;
-    for (int lane = 0; lane < 16; lane++) best = v[lane] > best ? v[lane] : best;
+    for (int lane = 0; lane < LANES; lane++) best = v[lane] > best ? v[lane] : best;
     return best;
 }
 
@@ -124,14 +131,31 @@ static void sift_down(float *heap, int64_t size, int64_t at) {
 }
 
 /* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). */
-static void largest_k(const float *row, int64_t n, int64_t k, float *heap) {
+static inline void offer(float value, int64_t k, float *heap) {
+    if (value > heap[0]) {
+        heap[0] = value;
+        sift_down(heap, k, 0);
+    }
+}
+
+/* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). Blocks
+ * of 64 values none of which beats the k-th so far (most of them, once the heap has filled) are skipped
+ * after one vectorised max. */
+static inline void largest_k(const float *row, int64_t n, int64_t k, float *heap) {
     for (int64_t i = 0; i < k; i++) heap[i] = row[i] >= 0.0f ? row[i] : 0.0f;
     for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(heap, k, i);
-    for (int64_t i = k; i < n; i++)
-        if (row[i] > heap[0]) {
-            heap[0] = row[i];
-            sift_down(heap, k, 0);
+    int64_t i = k;
+    for (; i + 63 < n; i += 64) {
+        floats4 top = load4(row + i), other = load4(row + i + LANES);
+        for (int at = 2 * LANES; at < 64; at += 2 * LANES) {
+            top = max4(top, load4(row + i + at));
+            other = max4(other, load4(row + i + at + LANES));
         }
+        top = max4(top, other);
+        if (!(lanes_max(top) > heap[0])) continue;
+        for (int64_t j = i; j < i + 64; j++) offer(row[j], k, heap);
+    }
+    for (; i < n; i++) offer(row[i], k, heap);
 }
 
 static int descending(const void *a, const void *b) {
@@ -143,7 +167,7 @@ static int descending(const void *a, const void *b) {
 #define HEAP_LIMIT 4096
 
 /* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row). */
-static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch) {
+CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch) {
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
     if (limited && k <= HEAP_LIMIT) {
@@ -196,37 +220,40 @@ static inline float exp_nonpositive(float y) {
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
 static inline float row_max(const float *row, int64_t n) {
-    floats16 lanes = (floats16){0} - INFINITY;
+    floats4 lanes = (floats4){0} - INFINITY, other = lanes;
     int64_t i = 0;
-    for (; i + 15 < n; i += 16) {
-        const floats16 v = load16(row + i);
-        lanes = select16(v > lanes, v, lanes);
+    for (; i + 2 * LANES - 1 < n; i += 2 * LANES) {
+        const floats4 v = load4(row + i), w = load4(row + i + LANES);
+        lanes = select4(v > lanes, v, lanes);
+        other = select4(w > other, w, other);
     }
-    float best = lanes_max(lanes);
+    float best = lanes_max(max4(lanes, other));
     for (; i < n; i++) best = row[i] > best ? row[i] : best;
     return best;
 }
 
 /* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf.
- * One pass: each lane keeps its largest value and the first index holding it. */
+ * One pass: each of 2 x 4 lanes keeps its largest value and the first index holding it. */
 static inline int64_t row_argmax(const float *row, int64_t n) {
-    floats16 lanes = (floats16){0} - INFINITY;
-    ints16 at = (ints16){0} - 1;
-    const ints16 offsets = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    floats4 lanes[2] = {(floats4){0} - INFINITY, (floats4){0} - INFINITY};
+    ints4 at[2] = {(ints4){0} - 1, (ints4){0} - 1};
+    const ints4 offsets = {0, 1, 2, 3};
     int64_t i = 0;
-    for (; i + 15 < n && i < INT32_MAX - 16; i += 16) {
-        const floats16 v = load16(row + i);
-        const ints16 greater = v > lanes;
-        lanes = select16(greater, v, lanes);
-        at = (greater & (offsets + (int32_t)i)) | (~greater & at);
-    }
+    for (; i + 2 * LANES - 1 < n && i < INT32_MAX - 2 * LANES; i += 2 * LANES)
+        for (int half = 0; half < 2; half++) {
+            const floats4 v = load4(row + i + half * LANES);
+            const ints4 greater = v > lanes[half];
+            lanes[half] = select4(greater, v, lanes[half]);
+            at[half] = (greater & (offsets + (int32_t)(i + half * LANES))) | (~greater & at[half]);
+        }
     float best = -INFINITY;
     int64_t index = -1;
-    for (int lane = 0; lane < 16; lane++)
-        if (at[lane] >= 0 && (lanes[lane] > best || (lanes[lane] == best && at[lane] < index))) {
-            best = lanes[lane];
-            index = at[lane];
-        }
+    for (int half = 0; half < 2; half++)
+        for (int lane = 0; lane < LANES; lane++)
+            if (at[half][lane] >= 0 && (lanes[half][lane] > best || (lanes[half][lane] == best && at[half][lane] < index))) {
+                best = lanes[half][lane];
+                index = at[half][lane];
+            }
     for (; i < n; i++)
         if (row[i] > best) {
             best = row[i];

@@ -69,8 +69,9 @@ static inline float lanes_max(floats4 v) {
 /* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
  * a value weighs itself (mass != 0) or 1, and the target is `target`, or `target` times the weight of
  * {v >= floor} when `fraction` != 0. Returns 0 when the whole weight is below the target.
- * Radix selection: a histogram of the top 12 bits over the row, then the values of the chosen bucket
- * are gathered into `scratch` (room for n values) and resolved on the next 10 and 10 bits. */
+ * Radix selection: a histogram of bits 20-29 over the row (for values <= 1, the exponent's low 7 bits
+ * and 3 bits of mantissa), then the values of the chosen bucket are gathered into `scratch` (room for
+ * n values) and resolved on the next 10 and 10 bits. */
 static float select_threshold(const float *row, int64_t n, int mass, float floor_value, double target, int fraction,
                               float *scratch) {
     const uint32_t floor_bits = bits_of(floor_value);

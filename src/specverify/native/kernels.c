@@ -198,11 +198,11 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
 
 /* exp(y) for y <= 0 in float32, within about 1 ulp, exact at 0 (exp(0) == 1) and without libm calls, so
  * that a loop over it vectorises: Cody-Waite reduction y = n ln2 + r, a degree-7 polynomial for e^r
- * (Cephes' expf) and 2^n written into the exponent bits. Below -87.3 (where e^y leaves the normal floats,
- * 1.2e-38 of the largest weight) the result goes to subnormals and then 0 at -88; NaN gives 0; y above
- * 88 is clamped there. */
+ * (Cephes' expf) and 2^n written into the exponent bits, in two steps below 2^-126 so that subnormal
+ * results come out as torch's exp gives them. From -104 down (and NaN) the result is 0; y above 88 is
+ * clamped there. */
 static inline float exp_nonpositive(float y) {
-    y = y > -88.0f ? y : -88.0f;
+    y = y > -104.0f ? y : -104.0f;
     y = y < 88.0f ? y : 88.0f;
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
     const float shifted = y * 1.44269504088896341f + shifter;
@@ -215,8 +215,10 @@ static inline float exp_nonpositive(float y) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const uint32_t biased = bits_of(shifted) - bits_of(shifter) + 127u; /* n + 127 in [0, 254]; 0 gives 0 */
-    return p * float_of(biased << 23);
+    /* 2^n below the normal floats: 2^(n + 64) times 2^-64; at -104, 2^-150 times e^r < 1 rounds to 0 */
+    const int subnormal = y < -87.0f;
+    const uint32_t biased = bits_of(shifted) - bits_of(shifter) + (subnormal ? 191u : 127u);
+    return p * float_of(biased << 23) * (subnormal ? 5.42101086e-20f : 1.0f);
 }
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */

@@ -107,6 +107,17 @@ def test_min_p_keeps_tokens_at_least_min_p_times_the_max(backend):
     assert (probs[0] > 0).tolist() == [True, True, True, False]  # .15 >= .3 * .5 = .15 is kept
 
 
+def test_untruncated_weights_are_exp_to_an_ulp_down_to_the_subnormals(backend):
+    # the largest weight is 1 and the others add < 1e-37, so p~ is float32(exp(x - max)) itself
+    gaps = [0.0, -30.0, -50.0, -87.0, -87.5, -95.0, -100.0, -103.9, -104.5, -120.0, float("-inf")]
+    logits = torch.tensor([gaps]) + 3.0
+    probs = sv.truncated_probs(logits, 1.0, -1, 1.0)[0].numpy()
+    exact = np.exp(np.array(gaps, dtype=np.float64)).astype(np.float32)
+    assert probs[0] == 1.0
+    assert np.all(np.abs(probs - exact) <= np.spacing(exact)), (probs, exact)
+    assert (probs > 0).tolist() == [True] * 8 + [False] * 3
+
+
 def test_greedy_rows_are_one_hot_at_the_first_argmax():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 1.0, 1.0, 5.0]])
     allowed = torch.tensor([[True] * 4, [False, True, True, True]])

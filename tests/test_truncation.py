@@ -139,6 +139,20 @@ def test_half_precision_logits_equal_their_float32_upcast(dtype):
     torch.testing.assert_close(sv.truncated_probs(logits, *params), sv.truncated_probs(logits.float(), *params), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_half_precision_value_reads_as_its_float32_upcast(backend, dtype):
+    # one row [h, 0] per bit pattern h, at a temperature of the row's own scale, so that reading h wrongly
+    # by one ulp moves p~ visibly; the compiled kernels read half precision themselves
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    logits = torch.stack([patterns, torch.zeros_like(patterns)], dim=-1)
+    temperature = logits[:, 0].float().abs().nan_to_num(1.0, posinf=1.0).clamp(min=1e-3, max=1e4)
+    half = sv.truncated_probs(logits, temperature, -1, 1.0, validate=False)
+    upcast = sv.truncated_probs(logits.float(), temperature, -1, 1.0, validate=False)
+    assert torch.equal(half.nan_to_num(-1.0), upcast.nan_to_num(-1.0))
+    greedy = sv.sample(logits, 0.0, -1, 1.0, seed=0, validate=False)
+    assert torch.equal(greedy, sv.sample(logits.float(), 0.0, -1, 1.0, seed=0, validate=False))
+
+
 def test_no_full_vocabulary_sort_is_used(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("truncation must not sort the vocabulary")

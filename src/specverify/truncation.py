@@ -36,10 +36,9 @@ def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
 
 def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
-    values = masked_logits.float()
-    if native.usable(values) and values.numel():
-        return native.argmax_rows(values.reshape(-1, values.shape[-1])).view(values.shape[:-1])
-    return torch.nan_to_num(values, nan=float("-inf")).argmax(-1)
+    if native.usable(masked_logits) and masked_logits.numel():
+        return native.argmax_rows(masked_logits.reshape(-1, masked_logits.shape[-1])).view(masked_logits.shape[:-1])
+    return torch.nan_to_num(masked_logits.float(), nan=float("-inf")).argmax(-1)
 
 
 _workspace = threading.local()
@@ -164,14 +163,14 @@ def truncated_weights(
     argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
     does. The weights may live in this thread's scratch buffer: use them before the next call. On the CPU
     one compiled pass per row does it all; elsewhere torch ops do, with the hints."""
-    x = masked_logits.detach().float()
-    out = _scratch(x.shape, x.device)
-    if native.usable(x) and x.numel():
+    out = _scratch(masked_logits.shape, masked_logits.device)
+    if native.usable(masked_logits) and masked_logits.numel():
         sums = native.weigh_rows(
-            x.contiguous(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
-            block_size(x.shape[-1]), out,
+            masked_logits.detach(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
+            block_size(masked_logits.shape[-1]), out,
         )
         return out, sums
+    x = masked_logits.detach().float()
     weights = scaled_weights(x, temperature, out)
     truncated = truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
     one_hot = torch.zeros_like(truncated).scatter_(1, greedy_tokens(x)[:, None], 1.0)

@@ -91,10 +91,11 @@ def load() -> ctypes.CDLL | None:
     library.specverify_threads_itself = threaded
     pointer, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     f32 = ctypes.c_float
-    library.weigh_rows.argtypes = [pointer, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
-    library.argmax_rows.argtypes = [pointer, i64, i64, pointer]
+    i32 = ctypes.c_int
+    library.weigh_rows.argtypes = [pointer, i32, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
+    library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
-    library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
+    library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
     return library
 
 
@@ -117,6 +118,17 @@ def _split_rows(rows: int, run) -> None:
         future.result()
 
 
+#: Element types the kernels read directly (codes of kernels.c); others are converted to float32 first.
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _readable(values: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """values, contiguous and in a dtype the kernels read, with that dtype's code."""
+    if values.dtype not in DTYPES:
+        values = values.to(torch.float32)
+    return values.contiguous(), DTYPES[values.dtype]
+
+
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels apply: all tensors on the CPU and the library available."""
     return all(t.device.type == "cpu" for t in tensors) and load() is not None
@@ -135,8 +147,11 @@ def weigh_rows(
 ) -> torch.Tensor:
     """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (one-hot at the argmax
     for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
-    kept weights. logits, out: contiguous float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]."""
+    kept weights. logits: float [N, V] (float32, bfloat16 and float16 read as they are); out: contiguous
+    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]."""
     rows, vocab = logits.shape
+    logits, dtype = _readable(logits)
+    width = logits.element_size()
     temperature = temperature.to(torch.float32).contiguous()
     top_k = top_k.to(torch.int64).contiguous()
     top_p = top_p.to(torch.float32).contiguous()
@@ -147,7 +162,7 @@ def weigh_rows(
 
     def run(start: int, stop: int) -> None:
         library.weigh_rows(
-            logits.data_ptr() + start * vocab * 4, stop - start, vocab,
+            logits.data_ptr() + start * vocab * width, dtype, stop - start, vocab,
             temperature.data_ptr() + start * 4, greedy_below,
             top_k.data_ptr() + start * 8, top_p.data_ptr() + start * 4,
             None if min_p is None else min_p.data_ptr() + start * 4,
@@ -159,12 +174,14 @@ def weigh_rows(
 
 
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
-    """First argmax per row, NaN never winning. values: float32 [N, V] -> int64 [N]."""
-    values = values.contiguous()
+    """First argmax per row, NaN never winning. values: float [N, V] -> int64 [N]."""
+    values, dtype = _readable(values)
     rows, vocab = values.shape
+    width = values.element_size()
     out = torch.empty(rows, dtype=torch.int64)
     library = load()
-    _split_rows(rows, lambda a, b: library.argmax_rows(values.data_ptr() + a * vocab * 4, b - a, vocab, out.data_ptr() + a * 8))
+    _split_rows(rows, lambda a, b: library.argmax_rows(
+        values.data_ptr() + a * vocab * width, dtype, b - a, vocab, out.data_ptr() + a * 8))
     return out
 
 
@@ -200,7 +217,8 @@ def recover_rows(
     requests, positions, vocab = draft_probs.shape
     weight_positions, blocks = weights.shape[1], weight_sums.shape[-1]
     weights, weight_sums = weights.contiguous(), weight_sums.contiguous()
-    draft_probs = draft_probs.to(torch.float32).contiguous()
+    draft_probs, draft_dtype = _readable(draft_probs)
+    width = draft_probs.element_size()
     mass, uniforms = mass.to(torch.float64).contiguous(), uniforms.to(torch.float64).contiguous()
     draft, mode = draft.to(torch.int64).contiguous(), mode.to(torch.int32).contiguous()
     out = torch.empty(requests, positions, dtype=torch.int64)
@@ -210,7 +228,8 @@ def recover_rows(
         first = a * positions
         library.recover_rows(
             weights.data_ptr() + a * weight_positions * vocab * 4, weight_sums.data_ptr() + a * weight_positions * blocks * 8,
-            mass.data_ptr() + first * 8, draft_probs.data_ptr() + first * vocab * 4, draft.data_ptr() + first * 8,
+            mass.data_ptr() + first * 8, draft_probs.data_ptr() + first * vocab * width, draft_dtype,
+            draft.data_ptr() + first * 8,
             mode.data_ptr() + first * 4, uniforms.data_ptr() + first * 8, b - a, positions, weight_positions, vocab,
             block, out.data_ptr() + first * 8,
         )

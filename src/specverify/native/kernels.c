@@ -36,6 +36,30 @@ static inline float float_of(uint32_t bits) {
     return value;
 }
 
+/* Element types a kernel can read its inputs in. */
+enum { FLOAT32 = 0, BFLOAT16 = 1, FLOAT16 = 2 };
+
+/* An IEEE half as float, exactly: its exponent and mantissa moved into a float's place and re-biased by
+ * 2^112 (which also turns half subnormals into normal floats); infinities and NaN keep an all-ones
+ * exponent. Branch-free, so loops over it vectorise. */
+static inline float half_to_float(uint16_t half) {
+    const uint32_t sign = (uint32_t)(half & 0x8000u) << 16, rest = half & 0x7fffu;
+    const uint32_t magnitude = rest >= 0x7c00u ? (rest << 13) | 0x7f800000u : bits_of(float_of(rest << 13) * 0x1p112f);
+    return float_of(sign | magnitude);
+}
+
+/* Row r of an [rows, n] matrix of `dtype` elements as float32: the row itself for float32, else its
+ * exact conversion written into `buffer` (room for n floats). */
+static inline const float *float_row(const void *matrix, int dtype, int64_t r, int64_t n, float *buffer) {
+    if (dtype == FLOAT32) return (const float *)matrix + r * n;
+    const uint16_t *row = (const uint16_t *)matrix + r * n;
+    if (dtype == BFLOAT16)
+        for (int64_t i = 0; i < n; i++) buffer[i] = float_of((uint32_t)row[i] << 16);
+    else
+        for (int64_t i = 0; i < n; i++) buffer[i] = half_to_float(row[i]);
+    return buffer;
+}
+
 /* Four float lanes as one vector (GCC/Clang vector extensions: one SSE or NEON register; wider vectors
  * are lowered badly where the target lacks them, so loops keep two of them in flight), for the loops the
  * compiler does not vectorise by itself: NaN-skipping max and argmax. */
@@ -293,8 +317,9 @@ static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t
  * max(k-th largest, nucleus threshold on the top-k-renormalised row, min_p) zeroed, and NaN ones.
  * Rows with temperature below `greedy_below` become one-hot at their argmax (lowest index on ties, NaN
  * never wins). top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be NULL.
- * Writes weights [rows, n] and block_sums [rows, ceil(n / block)], the sum of each block of kept weights. */
-CLONES void weigh_rows(const float *logits, int64_t rows, int64_t n, const float *temperature, float greedy_below,
+ * logits: [rows, n] of `dtype` (FLOAT32, BFLOAT16 or FLOAT16). Writes weights [rows, n] float32 and
+ * block_sums [rows, ceil(n / block)], the sum of each block of kept weights. */
+CLONES void weigh_rows(const void *logits, int dtype, int64_t rows, int64_t n, const float *temperature, float greedy_below,
                        const int64_t *top_k, const float *top_p, const float *min_p, double rtol, int64_t block,
                        float *weights, double *block_sums) {
     const int64_t blocks = (n + block - 1) / block;
@@ -303,8 +328,8 @@ CLONES void weigh_rows(const float *logits, int64_t rows, int64_t n, const float
     float *scratch = malloc((size_t)n * sizeof *scratch);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
-        const float *x = logits + r * n;
         float *row = weights + r * n;
+        const float *x = float_row(logits, dtype, r, n, row); /* converted in place of the weights */
         double *sums = block_sums + r * blocks;
         if (temperature[r] < greedy_below) {
             const int64_t best = row_argmax(x, n);
@@ -329,10 +354,16 @@ CLONES void weigh_rows(const float *logits, int64_t rows, int64_t n, const float
     }
 }
 
-/* Index of the largest value of each row: lowest index on ties, NaN never wins (0 if nothing beats -inf). */
-CLONES void argmax_rows(const float *values, int64_t rows, int64_t n, int64_t *out) {
-#pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * n >= PARALLEL_WORK)
-    for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(values + r * n, n);
+/* Index of the largest value of each row of values [rows, n] of `dtype`: lowest index on ties, NaN never
+ * wins (0 if nothing beats -inf). */
+CLONES void argmax_rows(const void *values, int dtype, int64_t rows, int64_t n, int64_t *out) {
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
+    float *buffer = dtype == FLOAT32 ? NULL : malloc((size_t)n * sizeof *buffer);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(float_row(values, dtype, r, n, buffer), n);
+    free(buffer);
+    }
 }
 
 /* The block of a two-level inverse-CDF draw: the first block with positive sum whose cumulative sum
@@ -419,19 +450,20 @@ static inline double residual_block_sums(const float *w, const float *q, int64_t
  * (WITHOUT_DRAFT: q(d) == 0), or to p~ (FROM_TARGET: no draft). One uniform per position, inverse CDF in
  * two levels as in sample_rows. For `requests` requests of `positions` drafted positions each, the
  * weights of position j of request r at row r * weight_positions + j of weights [.., n] float32 and of
- * weight_sums [.., ceil(n / block)] (their block sums); draft_probs [requests, positions, n] float32;
+ * weight_sums [.., ceil(n / block)] (their block sums); draft_probs [requests, positions, n] of draft_dtype;
  * mass (the weights' sums), uniforms: double, draft, mode: [requests, positions]; out: ids, same shape. */
-CLONES void recover_rows(const float *weights, const double *weight_sums, const double *mass, const float *draft_probs,
-                         const int64_t *draft, const int32_t *mode, const double *uniforms, int64_t requests,
+CLONES void recover_rows(const float *weights, const double *weight_sums, const double *mass, const void *draft_probs,
+                         int draft_dtype, const int64_t *draft, const int32_t *mode, const double *uniforms, int64_t requests,
                          int64_t positions, int64_t weight_positions, int64_t n, int64_t block, int64_t *out) {
     const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
     double *sums = malloc((size_t)blocks * sizeof *sums);
+    float *buffer = draft_dtype == FLOAT32 ? NULL : malloc((size_t)n * sizeof *buffer);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t weight_row = (r / positions) * weight_positions + r % positions;
-        const float *w = weights + weight_row * n, *q = draft_probs + r * n;
+        const float *w = weights + weight_row * n, *q = float_row(draft_probs, draft_dtype, r, n, buffer);
         const float scale = (float)(1.0 / mass[r]);
         int use_q = mode[r] == FROM_RESIDUAL;
         const int64_t excluded = mode[r] == WITHOUT_DRAFT ? draft[r] : -1;
@@ -464,5 +496,6 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
         out[r] = token;
     }
     free(sums);
+    free(buffer);
     }
 }

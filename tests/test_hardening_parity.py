@@ -116,6 +116,28 @@ def test_kernels_built_without_openmp_give_identical_results(monkeypatch, tmp_pa
         native.load.cache_clear()
 
 
+@pytest.mark.parametrize("mode", ["argmax", "sampled"])
+def test_calls_from_several_threads_at_once_match_sequential_calls(code_path, mode):
+    """Each Python thread has its own scratch buffer (and, with OpenMP, its own thread team)."""
+    import threading
+
+    calls = [_call(8, 3, 3000, mode, seed=seed) for seed in range(4)]
+    expected = [sv.stochastic_acceptance_sampler(**args) for args in calls]
+    mismatches = []
+
+    def worker(index: int) -> None:
+        for _ in range(10):
+            if not outputs_equal(sv.stochastic_acceptance_sampler(**calls[index]), expected[index]):
+                mismatches.append(index)
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not mismatches
+
+
 def test_thread_count_is_restored():
     before = torch.get_num_threads()
     _with_threads(1, lambda: None)

@@ -1,11 +1,15 @@
-/* CPU kernels for specverify: per-row exact thresholds by radix selection, and a NaN-safe argmax.
+/* CPU kernels for specverify: logits -> truncated target weights in one pass per row (weigh_rows), the
+ * inverse-CDF draw (sample_rows), the recovery draw of sampled mode (recover_rows), a NaN-safe argmax.
  *
- * Weights are non-negative float32, so their bit patterns order like their values. A small top-k is
- * found with a heap of the k largest in one pass (its nucleus from those k sorted values); otherwise
- * thresholds come from radix selection: one histogram pass over the row, one pass gathering the chosen
- * bucket, then two passes over that bucket alone. Sums run in double in a fixed order, so results do
- * not depend on threads or batch layout. Each call runs on one thread: rows are independent, and the
- * caller splits a batch between threads (ctypes releases the GIL).
+ * A row is processed while it is in cache: its max, then w = exp((x - max) / T) (a vectorised exp), the
+ * kept-set threshold, then the weights below it zeroed and block sums written. Weights are non-negative
+ * float32, so their bit patterns order like their values. A small top-k is found with a heap of the k
+ * largest (its nucleus from those k sorted values); otherwise thresholds come from radix selection: one
+ * histogram pass over the row, one pass gathering the chosen bucket, then two passes over that bucket
+ * alone. Sums run in double (or exact fixed point) in a fixed order, so results do not depend on threads
+ * or batch layout. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
+ * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may
+ * be float32, bfloat16 or float16, converted exactly a row at a time.
  */
 #include <stdint.h>
 #include <string.h>

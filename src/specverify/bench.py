@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import stochastic_acceptance_sampler
+from . import native, stochastic_acceptance_sampler
 
 
 @dataclass
@@ -140,18 +140,32 @@ def peak_extra_bytes(run: Callable[[], object]) -> int:
         worker.start()
         worker.join()
     prof = result[0]
+    # an op's memory includes what the ops it calls allocate: count each allocation once, at its own op
     events = sorted(
-        (e for e in prof.events() if e.cpu_memory_usage != 0), key=lambda e: e.time_range.start
+        (e for e in prof.events() if e.self_cpu_memory_usage != 0), key=lambda e: e.time_range.start
     )
     level = peak = 0
     for event in events:
-        level += event.cpu_memory_usage
+        level += event.self_cpu_memory_usage
         peak = max(peak, level)
     return peak
 
 
+def _kernels() -> dict:
+    """Which CPU code runs, and how long loading it took in this process (the C build included when it was
+    not cached yet: the stall a first call would see)."""
+    start = time.perf_counter()
+    library = native.load()
+    seconds = time.perf_counter() - start
+    if library is None:
+        return {"kernels": "torch ops (no compiled kernels)", "kernels_load_s": seconds}
+    threads = "OpenMP on torch's runtime" if library.specverify_threads_itself else "a Python thread pool"
+    return {"kernels": f"compiled, rows spread by {threads}", "kernels_load_s": seconds}
+
+
 def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtype, modes: list[str], repeats: int) -> dict:
     """Time every case side by side; returns the results as a dict (also printed as a table)."""
+    kernels = _kernels()
     batch = make_batch(batch_size, positions, vocab, dtype)
     logits = batch.target_logits
     cases: dict[str, Callable[[], object]] = {
@@ -177,7 +191,8 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
     logits_bytes = logits.numel() * logits.element_size()
     results = {
         "config": {"B": batch_size, "K": positions, "V": vocab, "dtype": str(dtype).replace("torch.", ""),
-                   "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0]},
+                   "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
+                   **kernels},
         "cases": {},
     }
     for name, seconds in times.items():
@@ -197,6 +212,7 @@ def print_table(results: dict) -> None:
     config = results["config"]
     print(f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']}, {config['threads']} threads, "
           f"{config['repeats']} repeats, load average {config['load_average']:.2f}")
+    print(f"kernels: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
     print(f"{'case':36s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""

@@ -1,0 +1,60 @@
+"""`specverify bench`: what it reports and that its baseline samples what peers sample (no timings asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import specverify as sv
+from specverify.bench import make_batch, peak_extra_bytes, sort_based_baseline
+from specverify.cli import main
+
+CASES = [
+    "read floor (amax)", "torch.softmax", "argmax, validate=False", "argmax, validate=True",
+    "sampled, validate=False", "all greedy, validate=False", "all greedy, validate=True", "sort-based baseline",
+]
+
+
+def test_the_last_line_is_one_json_object_with_every_case(capsys):
+    assert main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    results = json.loads(lines[-1])
+    config = results["config"]
+    assert (config["B"], config["K"], config["V"], config["dtype"], config["repeats"]) == (3, 2, 700, "float32", 2)
+    assert config["kernels"] and config["kernels_load_s"] >= 0
+    assert [name for name in results["cases"] if name in CASES] == CASES
+    for name, entry in results["cases"].items():
+        assert 0 < entry["min_ms"] <= entry["median_ms"], name
+        assert entry["x_softmax"] > 0 and entry["x_read_floor"] > 0, name
+        assert ("peak_extra_x_logits" in entry) == name.startswith(("argmax", "sampled", "all greedy")), name
+    assert results["cases"]["torch.softmax"]["x_softmax"] == 1.0
+    assert results["cases"]["read floor (amax)"]["x_read_floor"] == 1.0
+    assert any(line.startswith("argmax, validate=False") for line in lines)  # the table
+
+
+def test_bad_arguments_name_the_argument(capsys):
+    assert main(["bench", "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1 (got 0)" in capsys.readouterr().err
+    assert main(["bench", "--modes", "argmax,fast"]) == 2
+    assert "unknown --modes ['fast']" in capsys.readouterr().err
+
+
+def test_the_sort_based_baseline_draws_inside_the_truncated_support():
+    batch = make_batch(6, 3, 400, torch.float32, seed=5)
+    positions = batch.target_logits.shape[0] // 6
+    per_row = lambda t: t.repeat_interleave(positions)  # noqa: E731
+    probs = sv.truncated_probs(
+        batch.target_logits, per_row(batch.temperature), per_row(batch.top_k), per_row(batch.top_p)
+    )
+    for _ in range(20):
+        tokens = sort_based_baseline(batch)
+        assert (probs.gather(1, tokens[:, None]) > 0).all()
+    greedy = per_row(batch.temperature) == 0
+    assert torch.equal(tokens[greedy], batch.target_logits[greedy].argmax(-1))
+
+
+def test_peak_extra_bytes_counts_what_a_call_allocates():
+    size = 1 << 20
+    assert size * 4 <= peak_extra_bytes(lambda: torch.ones(size)) < size * 4 + 65536
+    assert peak_extra_bytes(lambda: None) == 0

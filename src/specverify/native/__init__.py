@@ -3,7 +3,8 @@
 The shared library is cached under $SPECVERIFY_CACHE (default ~/.cache/specverify) by a hash of the
 source, compiler flags and OpenMP runtime, so the build (about a second) happens once per machine. Where
 no compiler is found or the build fails, `load()` returns None and callers use their torch implementation;
-set SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU float32 rows.
+set SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU rows (float32, bfloat16 or
+float16 where they read inputs; float32 weights).
 
 Threads: where torch runs on GNU OpenMP (Linux wheels), the kernels are built with OpenMP and linked to
 the very runtime torch loaded, so a call spreads its rows over torch's own thread team; that team's
@@ -89,9 +90,7 @@ def load() -> ctypes.CDLL | None:
     if library is None:
         return None
     library.specverify_threads_itself = threaded
-    pointer, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-    f32 = ctypes.c_float
-    i32 = ctypes.c_int
+    pointer, i32, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
     library.weigh_rows.argtypes = [pointer, i32, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
     library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]

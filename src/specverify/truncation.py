@@ -2,10 +2,10 @@
 
 Internally every distribution is carried as unnormalised weights `exp((x - max x) / T)`, whose largest
 entry is exactly 1: top-k, top-p and min-p are thresholds on these weights (ties kept), so p~ is the
-weights at or above the highest of the three thresholds, renormalised. No full-vocabulary sort is made:
-on the CPU the compiled kernels (native/) find the thresholds (a heap for a small top-k, radix selection
-otherwise); elsewhere top-k uses `torch.topk` when a small `max_k` is known and radix selection
-(selection.py) otherwise.
+weights at or above the highest of the three thresholds, renormalised. Greedy rows are one-hot at their
+argmax. No full-vocabulary sort is made: on the CPU one compiled pass per row (native/) computes the
+weights and their thresholds (a heap for a small top-k, radix selection otherwise); elsewhere top-k uses
+`torch.topk` when a small `max_k` is known and radix selection (selection.py) otherwise.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+import specverify as sv
 from specverify import native
 from specverify.categorical import block_sums
+from specverify.rng import STREAM_ACCEPT, keyed_uniform
 from specverify.verdicts import recovery_draw
 
 DRAWS = 4000
@@ -89,3 +91,20 @@ def test_the_bonus_position_is_never_read():
     before = _counts(weights, q, np.array([1, 2]), mode)
     weights[2] = np.nan
     assert np.array_equal(_counts(weights, q, np.array([1, 2]), mode), before)
+
+
+def test_a_draft_whose_q_is_truncated_probs_itself_is_accepted_even_at_an_extreme_uniform(code_path):
+    # every request draws the acceptance uniform 1 - 2.6e-8 at position 0: judged against p~(d) rounded in
+    # any other way than truncated_probs rounds it (about a third of these rows round up by more than
+    # that), some drafts would be rejected; judged as the rule states, u * p~(d) < p~(d) accepts them all
+    seed = torch.full((2000,), 47239468)
+    assert keyed_uniform(seed[:1], STREAM_ACCEPT).item() > 1 - 3e-8
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(2000, 2, 40, generator=g) * 3
+    temperature, top_k, top_p = torch.rand(2000, generator=g) + 0.5, torch.full((2000,), -1), torch.ones(2000)
+    q = sv.truncated_probs(logits[:, 0], temperature, top_k, top_p)
+    draft = torch.randint(0, 40, (2000, 1), generator=g)
+    first, recovered, _ = sv.stochastic_acceptance_sampler(
+        draft, logits, temperature, top_k, None, top_p, None, seed, draft_proposal="sampled", draft_probs_full=q[:, None],
+    )
+    assert bool((first == 1).all()) and torch.equal(recovered, draft)

@@ -199,8 +199,8 @@ def truncated_probs(
     masked, temperature, top_k, top_p, min_p = _prepare(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
-    weights, _ = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    return weights / weights.sum(-1, keepdim=True)
+    weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
+    return weights / sums.sum(-1, keepdim=True).float()  # the total the sampled rule divides by too
 
 
 def sample(

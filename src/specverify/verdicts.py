@@ -44,15 +44,18 @@ def sampled_verdict(
     """SPEC §3.2: the ratio test `reject iff u * q(d) >= p~(d)` with recovery from max(0, p~ - q).
 
     target_weights: float32 [B, P, V] with P >= K, p~ unnormalised (positions from K on are not used);
-    target_sums: float64 [B, P, blocks], their categorical.block_sums; draft_probs: float [B, K, V], q; accept_uniforms, residual_uniforms: float64 [B, K].
+    target_sums: float64 [B, P, blocks], their categorical.block_sums (contiguous); draft_probs: float
+    [B, K, V], q; accept_uniforms, residual_uniforms: float64 [B, K].
     Where q(d) == 0 the position is judged without a distribution: q(d) counts as 1 and the residual is p~
     with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
     """
     positions = draft.shape[1]
     has_draft = draft >= 0
     column = _draft_column(draft)
-    target_mass = target_sums[:, :positions].sum(-1)
-    p_draft = target_weights[:, :positions].gather(-1, column)[..., 0].double() / target_mass
+    target_mass = target_sums.sum(-1)[:, :positions]
+    # p~(d) exactly as truncated_probs gives it (weights over their float32 total), so that a draft whose q
+    # is truncated_probs itself is accepted with certainty
+    p_draft = (target_weights[:, :positions].gather(-1, column)[..., 0] / target_mass.float()).double()
     q_draft = draft_probs.gather(-1, column)[..., 0].double()
     blind = q_draft <= 0
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft

@@ -69,7 +69,7 @@ RELAXED = dict(relaxed_topk=3, relaxed_delta=0.6)
 EXAMPLE = np.log([0.05, 0.10, 0.20, 0.50, 0.10, 0.05])
 
 
-def test_the_relaxed_worked_example():
+def test_the_relaxed_worked_example(code_path):
     logits = np.stack([EXAMPLE] * 3)[None]
     thinking = torch.tensor([True])
     first, recovered, _ = _verify([[2, 4]], logits, [1.0], in_thinking_phase=thinking, **RELAXED)
@@ -78,7 +78,7 @@ def test_the_relaxed_worked_example():
     assert first.tolist() == [0] and recovered.tolist() == [[3]]
 
 
-def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not():
+def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not(code_path):
     rng = np.random.default_rng(5)
     batch, positions, vocab = 64, 3, 20
     logits = rng.normal(0, 1.5, size=(batch, positions + 1, vocab)).astype(np.float32)
@@ -99,6 +99,28 @@ def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not():
     greedy_rows = temperature == 0
     top = logits.argmax(-1)
     np.testing.assert_array_equal(recovered.numpy()[greedy_rows][:, 0], top[greedy_rows][:, 0])
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 16, 17, 33, 1000])
+def test_relaxed_rule_with_ties_masks_and_every_lane_matches_the_float64_law(code_path, vocab):
+    rng = np.random.default_rng(vocab)
+    batch, positions = 48, 3
+    logits = rng.integers(0, 5, size=(batch, positions + 1, vocab)).astype(np.float32)  # many ties
+    allowed = rng.random((batch, positions + 1, vocab)) < 0.7
+    allowed[..., 0] = True
+    masked = np.where(allowed, logits, -np.inf)
+    draft = rng.integers(0, vocab, size=(batch, positions))
+    for topk, delta in [(1, 0.0), (3, 0.05), (8, 1.0)]:
+        first, _, _ = _verify(
+            draft, logits, [1.0] * batch, in_thinking_phase=torch.ones(batch, dtype=torch.bool), relaxed_topk=topk,
+            relaxed_delta=delta, token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
+        )
+        for b in range(batch):
+            accepted = [
+                relaxed_position_law(masked[b, j], int(draft[b, j]), topk, delta)[0] == 1.0 and allowed[b, j, draft[b, j]]
+                for j in range(positions)
+            ]
+            assert int(first[b]) == next((j for j, a in enumerate(accepted) if not a), positions), (topk, delta, b)
 
 
 def test_relaxed_acceptance_is_lossy_and_the_bonus_is_still_sampled_from_the_target():

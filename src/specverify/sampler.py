@@ -277,7 +277,7 @@ def _verify(
 
     rows = plan.relaxed_rows
     if in_thinking_phase is not None and _any(rows):
-        parts = relaxed_verdict(_pick(draft, rows), _pick(masked, rows)[:, :positions], relaxed_topk, relaxed_delta)
+        parts = relaxed_verdict(_pick(draft, rows), _pick(masked, rows), relaxed_topk, relaxed_delta)
         outputs = _merge(outputs, parts, rows, in_thinking_phase & ~greedy_rows)
 
     rows = plan.greedy_rows

@@ -103,18 +103,26 @@ def relaxed_verdict(
     """SPEC §3.4 (lossy by design): on softmax(masked logits) without temperature, accept iff the draft is
     among the `relaxed_topk` most likely tokens and p(d) >= p(top-1) - relaxed_delta; recover the top-1.
 
-    masked_logits: float [B, K, V]. "Among the k most likely" counts exactly k tokens: a token tied with
-    the k-th is in only if its id is lower (the order of a stable sort), so the worked example of the
-    issue holds: probs [.05, .10, .20, .50, .10, .05], top-3 = {3, 2, 1}, and draft 4 is rejected.
-    A draft the grammar mask forbids (probability 0) is never accepted.
+    masked_logits: float [B, P, V] with P >= K (positions from K on are not used). Tokens are ranked by
+    logit, which orders them exactly as their probabilities. "Among the k most likely" counts exactly k
+    tokens: a token tied with the k-th is in only if its id is lower (the order of a stable sort), so the
+    worked example of the issue holds: probs [.05, .10, .20, .50, .10, .05], top-3 = {3, 2, 1}, and
+    draft 4 is rejected. A draft the grammar mask forbids (probability 0) is never accepted.
+    On the CPU a compiled kernel judges each position in two passes without materialising the softmax.
     """
-    probs = torch.softmax(masked_logits.float(), dim=-1)
-    top1 = greedy_tokens(masked_logits)
+    positions = draft.shape[1]
+    if native.usable(masked_logits) and masked_logits.numel() and draft.numel():
+        accepted, top1 = native.relaxed_rows(masked_logits.detach(), draft, relaxed_topk, relaxed_delta)
+        return accepted, torch.where(accepted, draft, top1)
+    x = masked_logits[:, :positions].float()
+    top1 = greedy_tokens(x)
     column = _draft_column(draft)
-    p_draft = probs.gather(-1, column)
-    ids = torch.arange(probs.shape[-1], device=probs.device)
-    rank = (probs > p_draft).sum(-1) + ((probs == p_draft) & (ids < column)).sum(-1)
-    p_top1 = probs.gather(-1, top1[..., None])[..., 0].double()
-    close = p_draft[..., 0].double() >= p_top1 - relaxed_delta
-    accepted = (draft >= 0) & (p_draft[..., 0] > 0) & (rank < relaxed_topk) & close
+    at_draft = x.gather(-1, column)
+    top = x.gather(-1, top1[..., None])
+    ids = torch.arange(x.shape[-1], device=x.device)
+    rank = ((x > at_draft) | ((x == at_draft) & (ids < column))).sum(-1)
+    total = torch.exp(x - top).sum(-1, dtype=torch.float64)
+    p_draft = torch.exp(at_draft - top)[..., 0].double() / total
+    close = p_draft >= 1 / total - relaxed_delta
+    accepted = (draft >= 0) & (p_draft > 0) & (rank < relaxed_topk) & close
     return accepted, torch.where(accepted, draft, top1)

@@ -94,6 +94,7 @@ def load() -> ctypes.CDLL | None:
     library.weigh_rows.argtypes = [pointer, i32, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
     library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
+    library.relaxed_rows.argtypes = [pointer, i32, pointer, i64, i64, i64, i64, i64, f64, pointer, pointer]
     library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
     return library
 
@@ -235,3 +236,29 @@ def recover_rows(
 
     _split_rows(requests, run)
     return out
+
+
+def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token.
+
+    logits: float [B, P, V] with P >= K, masked (positions from K on are not read); draft: int64 [B, K]
+    (-1: no draft) -> (accepted bool [B, K], top1 int64 [B, K]).
+    """
+    requests, positions = draft.shape
+    logit_positions, vocab = logits.shape[1], logits.shape[2]
+    logits, dtype = _readable(logits)
+    width = logits.element_size()
+    draft = draft.to(torch.int64).contiguous()
+    accepted = torch.zeros(requests, positions, dtype=torch.uint8)
+    top1 = torch.zeros(requests, positions, dtype=torch.int64)
+    library = load()
+
+    def run(a: int, b: int) -> None:
+        first = a * positions
+        library.relaxed_rows(
+            logits.data_ptr() + a * logit_positions * vocab * width, dtype, draft.data_ptr() + first * 8, b - a,
+            positions, logit_positions, vocab, k, delta, accepted.data_ptr() + first, top1.data_ptr() + first * 8,
+        )
+
+    _split_rows(requests, run)
+    return accepted.bool(), top1

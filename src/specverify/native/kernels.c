@@ -503,3 +503,42 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
     free(buffer);
     }
 }
+
+/* The relaxed acceptance of thinking rows (SPEC §3.4) for each drafted position, on p = softmax(x) of
+ * the masked logits without temperature: accept iff p(d) > 0, d is among the k most likely tokens
+ * (ranked by logit, which orders like p exactly; ties go to the lower id) and p(d) >= p(top-1) - delta.
+ * For `requests` requests of `positions` positions each, position j of request r is row
+ * r * logit_positions + j of logits [.., n] of `dtype`; draft: [requests, positions] (-1: none);
+ * writes accepted (0/1) and top1 (the argmax: lowest id on ties, NaN never wins), [requests, positions]. */
+CLONES void relaxed_rows(const void *logits, int dtype, const int64_t *draft, int64_t requests, int64_t positions,
+                         int64_t logit_positions, int64_t n, int64_t k, double delta, uint8_t *accepted,
+                         int64_t *top1) {
+    const int64_t rows = requests * positions;
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
+    float *buffer = dtype == FLOAT32 ? NULL : malloc((size_t)n * sizeof *buffer);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = float_row(logits, dtype, (r / positions) * logit_positions + r % positions, n, buffer);
+        const int64_t best = row_argmax(x, n), d = draft[r];
+        top1[r] = best;
+        accepted[r] = 0;
+        if (d < 0 || d >= n) continue;
+        const float top = x[best], at_draft = x[d];
+        int64_t rank = 0;
+        for (int64_t i = 0; i < d; i++) rank += x[i] >= at_draft;
+        for (int64_t i = d + 1; i < n; i++) rank += x[i] > at_draft;
+        if (rank >= k) continue;
+        float lanes[16] = {0};
+        int64_t i = 0;
+        for (; i + 15 < n; i += 16)
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive(x[i + lane] - top);
+        double total = 0.0;
+        for (; i < n; i++) total += exp_nonpositive(x[i] - top);
+        for (int lane = 0; lane < 16; lane++) total += lanes[lane];
+        const double p_draft = exp_nonpositive(at_draft - top) / total, p_top1 = 1.0 / total;
+        accepted[r] = p_draft > 0.0 && p_draft >= p_top1 - delta;
+    }
+    free(buffer);
+    }
+}

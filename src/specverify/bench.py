@@ -81,6 +81,9 @@ def sort_based_baseline(batch: Batch) -> torch.Tensor:
 def _verifier(batch: Batch, mode: str, validate: bool, greedy_only: bool = False) -> Callable[[], object]:
     temperature = torch.zeros_like(batch.temperature) if greedy_only else batch.temperature
     extra = {"draft_proposal": "sampled", "draft_probs_full": batch.draft_probs} if mode == "sampled" else {}
+    if mode == "relaxed":  # every request in its thinking phase: top-3, delta 0.3
+        extra = {"in_thinking_phase": torch.ones_like(batch.temperature, dtype=torch.bool), "relaxed_topk": 3,
+                 "relaxed_delta": 0.3}
     return lambda: stochastic_acceptance_sampler(
         batch.draft_tokens, batch.target_logits, temperature, batch.top_k, None, batch.top_p, None, batch.seed,
         validate=validate, **extra,
@@ -177,6 +180,8 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
         cases["argmax, validate=True"] = _verifier(batch, "argmax", validate=True)
     if "sampled" in modes:
         cases["sampled, validate=False"] = _verifier(batch, "sampled", validate=False)
+    if "relaxed" in modes:
+        cases["relaxed, every row thinking"] = _verifier(batch, "relaxed", validate=False)
     if "greedy" in modes:
         cases["all greedy, validate=False"] = _verifier(batch, "argmax", validate=False, greedy_only=True)
         cases["all greedy, validate=True"] = _verifier(batch, "argmax", validate=True, greedy_only=True)
@@ -202,7 +207,7 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
             "x_read_floor": statistics.median(seconds) / floor,
             "x_softmax": statistics.median(seconds) / softmax,
         }
-        if name.startswith(("argmax", "sampled", "all greedy")):
+        if name.startswith(("argmax", "sampled", "relaxed", "all greedy")):
             entry["peak_extra_x_logits"] = peak_extra_bytes(cases[name]) / logits_bytes
         results["cases"][name] = entry
     return results
@@ -225,8 +230,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafts", "-K", type=int, default=4, help="draft positions K (default 4)")
     parser.add_argument("--vocab", "-V", type=int, default=128256, help="vocabulary V (default 128256)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    parser.add_argument("--modes", default="argmax,sampled,greedy,sort",
-                        help="comma-separated cases among argmax, sampled, greedy, sort (default all)")
+    parser.add_argument("--modes", default="argmax,sampled,relaxed,greedy,sort",
+                        help="comma-separated cases among argmax, sampled, relaxed, greedy, sort (default all)")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
 
@@ -237,9 +242,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             print(f"specverify bench: error: --{name} must be >= {0 if name == 'drafts' else 1} (got {getattr(args, name)})", file=sys.stderr)
             return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = set(modes) - {"argmax", "sampled", "greedy", "sort"}
+    unknown = set(modes) - {"argmax", "sampled", "relaxed", "greedy", "sort"}
     if unknown:
-        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, greedy, sort)", file=sys.stderr)
+        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort)", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

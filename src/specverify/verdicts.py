@@ -81,7 +81,7 @@ def recovery_draw(
     float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. On the CPU a compiled kernel
     draws without materialising the residual."""
     batch, positions, vocab = draft_probs.shape
-    if native.usable(target_weights) and target_weights.dtype == torch.float32 and draft_probs.numel():
+    if native.usable(target_weights) and draft_probs.numel():
         return native.recover_rows(
             target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
         )

@@ -159,7 +159,7 @@ static void sift_down(float *heap, int64_t size, int64_t at) {
     }
 }
 
-/* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). */
+/* Put value into the min-heap of the k largest so far if it beats the k-th (heap[0]). */
 static inline void offer(float value, int64_t k, float *heap) {
     if (value > heap[0]) {
         heap[0] = value;
@@ -390,43 +390,49 @@ static inline int64_t choose_block(const double *sums, int64_t blocks, double ta
     return last_positive;
 }
 
-/* Inverse-CDF draw per row from kept weights with one uniform: the block whose cumulative sum passes
- * u * total, then the token inside it (only positive weights can be drawn; rounding falls back to the
- * last positive one). block_sums [rows, ceil(n / block)] as written by weigh_rows; out: ids. */
-CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
-                        const double *uniforms, int64_t *out) {
-    const int64_t blocks = (n + block - 1) / block;
-#pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * block >= PARALLEL_WORK)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = weights + r * n;
-        const double *sums = block_sums + r * blocks;
-        double total = 0.0, before = 0.0;
-        for (int64_t b = 0; b < blocks; b++) total += sums[b];
-        const double target = uniforms[r] * total;
-        const int64_t chosen = choose_block(sums, blocks, target, &before);
-        int64_t token = 0;
-        if (chosen >= 0) {
-            const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
-            double acc = before;
-            for (int64_t i = chosen * block; i < end; i++) {
-                if (!(row[i] > 0.0f)) continue;
-                token = i;
-                acc += row[i];
-                if (acc > target) break;
-            }
-        }
-        out[r] = token;
-    }
-}
-
-/* Recovery modes of sampled verification, per position. */
-enum { FROM_TARGET = 0, FROM_RESIDUAL = 1, WITHOUT_DRAFT = 2 };
-
 /* The residual weight of a token: max(0, w * scale - q). */
 static inline float residual_term(float w, float q, float scale) {
     const float v = w * scale - q;
     return v > 0.0f ? v : 0.0f;
 }
+
+/* The token a two-level inverse-CDF walk reaches with one uniform: the block whose cumulative sum passes
+ * uniform * (the sum of the block sums), then the token inside it, by the terms the sums were made of:
+ * w, or max(0, w * scale - q) where q is given; `excluded` (or none: -1) is passed over. Only a positive
+ * term can be drawn (rounding falls back to the last one); 0 when no block is positive. */
+static inline int64_t draw(const float *w, const float *q, float scale, int64_t excluded, int64_t n, int64_t block,
+                           const double *sums, double uniform) {
+    const int64_t blocks = (n + block - 1) / block;
+    double total = 0.0, before = 0.0;
+    for (int64_t b = 0; b < blocks; b++) total += sums[b];
+    const double target = uniform * total;
+    const int64_t chosen = choose_block(sums, blocks, target, &before);
+    if (chosen < 0) return 0;
+    const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
+    int64_t token = 0;
+    double acc = before;
+    for (int64_t i = chosen * block; i < end; i++) {
+        const float v = q ? residual_term(w[i], q[i], scale) : w[i];
+        if (!(v > 0.0f) || i == excluded) continue;
+        token = i;
+        acc += v;
+        if (acc > target) break;
+    }
+    return token;
+}
+
+/* Inverse-CDF draw per row from kept weights with one uniform (see draw). block_sums [rows, ceil(n / block)]
+ * as written by weigh_rows; out: ids. */
+CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
+                        const double *uniforms, int64_t *out) {
+    const int64_t blocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * block >= PARALLEL_WORK)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = draw(weights + r * n, NULL, 1.0f, -1, n, block, block_sums + r * blocks, uniforms[r]);
+}
+
+/* Recovery modes of sampled verification, per position. */
+enum { FROM_TARGET = 0, FROM_RESIDUAL = 1, WITHOUT_DRAFT = 2 };
 
 /* Sum of the residual weights of each block of `block` tokens (sixteen float lanes, added in double).
  * Returns the total. */
@@ -452,7 +458,7 @@ static inline double residual_block_sums(const float *w, const float *q, int64_t
  * residual: token i with probability proportional to max(0, p~_i - q_i) where p~ = w / mass
  * (FROM_RESIDUAL; an all-zero residual falls back to p~), to p~ without the drafted token
  * (WITHOUT_DRAFT: q(d) == 0), or to p~ (FROM_TARGET: no draft). One uniform per position, inverse CDF in
- * two levels as in sample_rows. For `requests` requests of `positions` drafted positions each, the
+ * two levels (draw). For `requests` requests of `positions` drafted positions each, the
  * weights of position j of request r at row r * weight_positions + j of weights [.., n] float32 and of
  * weight_sums [.., ceil(n / block)] (their block sums); draft_probs [requests, positions, n] of draft_dtype;
  * mass (the weights' sums), uniforms: double, draft, mode: [requests, positions]; out: ids, same shape. */
@@ -471,33 +477,16 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
         const float scale = (float)(1.0 / mass[r]);
         int use_q = mode[r] == FROM_RESIDUAL;
         const int64_t excluded = mode[r] == WITHOUT_DRAFT ? draft[r] : -1;
-        double total = use_q ? residual_block_sums(w, q, n, scale, block, sums) : 0.0;
-        if (!(total > 0.0)) {
+        const double residual = use_q ? residual_block_sums(w, q, n, scale, block, sums) : 0.0;
+        if (!(residual > 0.0)) {
             use_q = 0;
             memcpy(sums, weight_sums + weight_row * blocks, (size_t)blocks * sizeof *sums);
             if (excluded >= 0) {
                 const double left = sums[excluded / block] - w[excluded];
                 sums[excluded / block] = left > 0.0 ? left : 0.0;
             }
-            total = 0.0;
-            for (int64_t b = 0; b < blocks; b++) total += sums[b];
         }
-        const double target = uniforms[r] * total;
-        double before = 0.0;
-        const int64_t chosen = choose_block(sums, blocks, target, &before);
-        int64_t token = 0;
-        if (chosen >= 0) {
-            const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
-            double acc = before;
-            for (int64_t i = chosen * block; i < end; i++) {
-                const float v = use_q ? residual_term(w[i], q[i], scale) : w[i] > 0.0f ? w[i] : 0.0f;
-                if (!(v > 0.0f) || i == excluded) continue;
-                token = i;
-                acc += v;
-                if (acc > target) break;
-            }
-        }
-        out[r] = token;
+        out[r] = draw(w, use_q ? q : NULL, scale, excluded, n, block, sums, uniforms[r]);
     }
     free(sums);
     free(buffer);

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import sys
 import time
 from typing import Iterator
@@ -45,11 +46,6 @@ import torch
 
 import specverify as sv
 from specverify.audit.exact import first_rejection_law, truncated_distribution
-
-try:  # the compiled CPU kernels (optional; absent in older versions)
-    from specverify import native as _native
-except ImportError:  # pragma: no cover
-    _native = None
 
 STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2
 GREEDY_TEMPERATURE = 1e-5
@@ -79,16 +75,19 @@ class Target:
 
 @contextlib.contextmanager
 def running_on(target: Target) -> Iterator[None]:
-    """Inside the block, specverify uses the torch path when target.native is False."""
-    if target.native or _native is None or not hasattr(_native, "usable"):
+    """Inside the block, specverify uses the torch path when target.native is False (SPECVERIFY_BACKEND)."""
+    if target.native:
         yield
         return
-    original = _native.usable
-    _native.usable = lambda *tensors: False
+    saved = os.environ.get("SPECVERIFY_BACKEND")
+    os.environ["SPECVERIFY_BACKEND"] = "torch"
     try:
         yield
     finally:
-        _native.usable = original
+        if saved is None:
+            del os.environ["SPECVERIFY_BACKEND"]
+        else:
+            os.environ["SPECVERIFY_BACKEND"] = saved
 
 
 def _to(value, target: Target, perturb: bool = False):

@@ -9,12 +9,17 @@ is written to", and a context manager that makes any Python-level read of tensor
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 import pytest
 import torch
 
-import specverify as sv
+# Triton's interpreter (the triton backend on CPU tensors) must be chosen before triton is first imported
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import specverify as sv  # noqa: E402
 
 #: Row spreading constant of a seed shared by the batch (SPEC §4).
 ROW_STRIDE = 0x9E3779B97F4A7C15
@@ -69,35 +74,56 @@ def forbid_host_reads() -> Iterator[None]:
 
 def native_available() -> bool:
     """Whether specverify's compiled CPU kernels are in use (else the CPU runs the torch path as well)."""
-    try:
-        from specverify import native
-    except ImportError:
-        return False
+    from specverify.kernels import native
+
     return native.load() is not None
 
 
-@contextlib.contextmanager
-def torch_path() -> Iterator[None]:
-    """Inside the block specverify runs its torch implementation (the code CUDA runs) on the CPU too,
-    instead of the compiled CPU kernels."""
+def triton_available() -> bool:
+    """Whether the Triton kernels can run here (on CPU tensors under Triton's interpreter)."""
     try:
-        from specverify import native
+        import triton  # noqa: F401
     except ImportError:
-        yield
-        return
+        return False
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@contextlib.contextmanager
+def backend_path(name: str) -> Iterator[None]:
+    """Inside the block specverify runs every op on the named backend ("torch", "native" or "triton",
+    SPECVERIFY_BACKEND); "default" leaves the choice to the device."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(native, "usable", lambda *tensors: False)
+        if name == "default":
+            patch.delenv("SPECVERIFY_BACKEND", raising=False)
+        else:
+            patch.setenv("SPECVERIFY_BACKEND", name)
         yield
+
+
+def torch_path():
+    """Inside the block specverify runs its torch reference implementation on the CPU too, instead of the
+    compiled CPU kernels."""
+    return backend_path("torch")
 
 
 @pytest.fixture(params=["default", "torch-path"])
 def code_path(request):
     """Run the test on the default CPU path (compiled kernels where available) and on the torch path."""
-    if request.param == "default":
+    with backend_path("default" if request.param == "default" else "torch"):
         yield request.param
-    else:
-        with torch_path():
-            yield request.param
+
+
+def _backend_params() -> list:
+    skip_native = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+    skip_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+    return [pytest.param("native", marks=skip_native), "torch", pytest.param("triton", marks=skip_triton)]
+
+
+@pytest.fixture(params=_backend_params())
+def each_backend(request):
+    """Run the test on every backend (SPECVERIFY_BACKEND): native, torch and triton (interpreted on the CPU)."""
+    with backend_path(request.param):
+        yield request.param
 
 
 def per_row_seeds(seed, batch: int) -> list[int]:

@@ -101,7 +101,7 @@ def test_one_and_two_threads_give_identical_results(code_path, mode, shape):
 def test_kernels_built_without_openmp_give_identical_results(monkeypatch, tmp_path, mode):
     """Where torch does not run on GNU OpenMP the kernels are built without it and a Python thread pool
     splits the rows: the same results, bit for bit."""
-    from specverify import native
+    from specverify.kernels import native
 
     args = _call(16, 3, 5000, mode)
     threaded = _everything(args)

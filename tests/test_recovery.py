@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specverify as sv
-from specverify import native
+from specverify import kernels
 from specverify.categorical import block_sums
 from specverify.rng import STREAM_ACCEPT, keyed_uniform
 from specverify.verdicts import recovery_draw
@@ -45,10 +45,10 @@ def _counts(weights: np.ndarray, q: np.ndarray, draft: np.ndarray, mode: np.ndar
 def _law(weights: np.ndarray, q: np.ndarray, draft: int, mode: int) -> np.ndarray:
     """The recovery law in float64 from first principles."""
     target = weights.astype(np.float64) / weights.astype(np.float64).sum()
-    if mode == native.FROM_RESIDUAL:
+    if mode == kernels.FROM_RESIDUAL:
         residual = np.maximum(target - q.astype(np.float64), 0.0)
         return residual / residual.sum() if residual.sum() > 0 else target
-    if mode == native.WITHOUT_DRAFT:
+    if mode == kernels.WITHOUT_DRAFT:
         kept = target.copy()
         kept[draft] = 0.0
         return kept / kept.sum()
@@ -64,8 +64,8 @@ def test_every_mode_draws_its_law(code_path, vocab):
     q[2] = 1.5 * target[2]  # q >= p~ everywhere: the residual is empty and the draw falls back to p~
     draft = weights[:3].argmax(-1)  # the heaviest token: removing it (WITHOUT_DRAFT) changes the law most
     modes = [
-        np.array([native.FROM_RESIDUAL, native.WITHOUT_DRAFT, native.FROM_RESIDUAL]),
-        np.array([native.FROM_TARGET, native.FROM_RESIDUAL, native.WITHOUT_DRAFT]),
+        np.array([kernels.FROM_RESIDUAL, kernels.WITHOUT_DRAFT, kernels.FROM_RESIDUAL]),
+        np.array([kernels.FROM_TARGET, kernels.FROM_RESIDUAL, kernels.WITHOUT_DRAFT]),
     ]
     for mode in modes:
         counts = _counts(weights, q, draft, mode)
@@ -78,8 +78,8 @@ def test_catches_a_recovery_from_the_full_target(code_path):
     rng = np.random.default_rng(1)
     weights = _weights(rng, 1, 50)
     q = rng.dirichlet(np.ones(50), size=1).astype(np.float32)
-    counts = _counts(weights, q, np.array([3]), np.array([native.FROM_RESIDUAL]))
-    wrong = DRAWS * _law(weights[0], q[0], 3, native.FROM_TARGET)
+    counts = _counts(weights, q, np.array([3]), np.array([kernels.FROM_RESIDUAL]))
+    wrong = DRAWS * _law(weights[0], q[0], 3, kernels.FROM_TARGET)
     assert np.abs(counts[0] - wrong).max() > 10
 
 
@@ -87,7 +87,7 @@ def test_the_bonus_position_is_never_read():
     rng = np.random.default_rng(2)
     weights = _weights(rng, 2, 100)
     q = rng.dirichlet(np.ones(100), size=2).astype(np.float32)
-    mode = np.array([native.FROM_RESIDUAL, native.FROM_TARGET])
+    mode = np.array([kernels.FROM_RESIDUAL, kernels.FROM_TARGET])
     before = _counts(weights, q, np.array([1, 2]), mode)
     weights[2] = np.nan
     assert np.array_equal(_counts(weights, q, np.array([1, 2]), mode), before)

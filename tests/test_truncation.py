@@ -7,18 +7,18 @@ import pytest
 import torch
 
 import specverify as sv
-from specverify import native
 from specverify.audit.exact import truncated_distribution
+
+from conftest import backend_path, native_available
 
 
 @pytest.fixture(params=["native", "torch"])
-def backend(request, monkeypatch):
-    """Run a test with the compiled CPU kernels and with the pure-torch path (what CUDA uses)."""
-    if request.param == "torch":
-        monkeypatch.setattr(native, "usable", lambda *tensors: False)
-    elif not native.usable(torch.zeros(1)):
+def backend(request):
+    """Run a test with the compiled CPU kernels and with the torch reference path."""
+    if request.param == "native" and not native_available():
         pytest.skip("no C compiler here: the compiled kernels are not available")
-    return request.param
+    with backend_path(request.param):
+        yield request.param
 
 
 def _case_logits(rng: np.random.Generator, vocab: int, ties: bool) -> np.ndarray:
@@ -166,13 +166,13 @@ def test_no_full_vocabulary_sort_is_used(monkeypatch):
     assert torch.allclose(probs.sum(-1), torch.ones(4))
 
 
-def test_both_backends_sample_the_same_tokens(monkeypatch):
+def test_both_backends_sample_the_same_tokens():
     g = torch.Generator().manual_seed(8)
     logits = torch.randn(64, 3000, generator=g) * 3
     params = (torch.rand(64, generator=g) + 0.2, torch.tensor([0, 5, 60, 5000] * 16), torch.tensor([1.0, 0.9, 0.5, 0.99] * 16))
     compiled = sv.sample(logits, *params, torch.arange(64))
-    monkeypatch.setattr(native, "usable", lambda *tensors: False)
-    assert torch.equal(sv.sample(logits, *params, torch.arange(64)), compiled)
+    with backend_path("torch"):
+        assert torch.equal(sv.sample(logits, *params, torch.arange(64)), compiled)
 
 
 def test_calls_in_and_out_of_inference_mode_and_on_logits_that_require_grad():

@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import native, stochastic_acceptance_sampler
+from . import kernels, stochastic_acceptance_sampler
+from .kernels import native
 
 
 @dataclass
@@ -154,23 +155,28 @@ def peak_extra_bytes(run: Callable[[], object]) -> int:
     return peak
 
 
-def _kernels() -> dict:
-    """Which CPU code runs, and how long loading it took in this process (the C build included when it was
-    not cached yet: the stall a first call would see)."""
+def _kernels(logits: torch.Tensor) -> dict:
+    """Which backend runs the verifier on these logits (kernels/), and how long loading it took in this
+    process (the C build or the Triton import included when not done yet: the stall a first call would see)."""
     start = time.perf_counter()
-    library = native.load()
+    backend = kernels.backend(logits)
     seconds = time.perf_counter() - start
-    if library is None:
-        return {"kernels": "torch ops (no compiled kernels)", "kernels_load_s": seconds}
-    threads = "OpenMP on torch's runtime" if library.specverify_threads_itself else "a Python thread pool"
-    return {"kernels": f"compiled, rows spread by {threads}", "kernels_load_s": seconds}
+    if backend == "native":
+        threads = "OpenMP on torch's runtime" if native.load().specverify_threads_itself else "a Python thread pool"
+        text = f"native (compiled C kernels, rows spread by {threads})"
+    elif backend == "triton":
+        text = "triton (Triton kernels" + (", interpreted)" if logits.device.type == "cpu" else ")")
+    else:
+        why = f": {native.unavailable_because}" if logits.device.type == "cpu" and native.unavailable_because else ""
+        text = f"torch (the torch reference ops{why})"
+    return {"backend": backend, "kernels": text, "kernels_load_s": seconds}
 
 
 def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtype, modes: list[str], repeats: int) -> dict:
     """Time every case side by side; returns the results as a dict (also printed as a table)."""
-    kernels = _kernels()
     batch = make_batch(batch_size, positions, vocab, dtype)
     logits = batch.target_logits
+    backend = _kernels(logits)
     cases: dict[str, Callable[[], object]] = {
         "read floor (amax)": lambda: logits.amax(-1),
         "torch.softmax": lambda: torch.softmax(logits, dim=-1),
@@ -197,7 +203,7 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
     results = {
         "config": {"B": batch_size, "K": positions, "V": vocab, "dtype": str(dtype).replace("torch.", ""),
                    "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
-                   **kernels},
+                   **backend},
         "cases": {},
     }
     for name, seconds in times.items():
@@ -217,7 +223,7 @@ def print_table(results: dict) -> None:
     config = results["config"]
     print(f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']}, {config['threads']} threads, "
           f"{config['repeats']} repeats, load average {config['load_average']:.2f}")
-    print(f"kernels: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
+    print(f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
     print(f"{'case':36s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""

@@ -2,15 +2,15 @@
 
 The CDF is taken in vocabulary order in two levels, both in float64: block sums locate the block that
 holds the draw, then a cumulative sum inside that one block locates the token. Only tokens with positive
-weight can be drawn, and the result is always a valid id in [0, V). On the CPU a compiled kernel makes
-the same two-level walk (native/); the torch code is the fallback and the CUDA path.
+weight can be drawn, and the result is always a valid id in [0, V). Compiled backends (kernels/) make the
+same walk; the torch code is the reference and the fallback.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import native
+from . import kernels
 
 BLOCK = 1024
 
@@ -53,8 +53,8 @@ def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor, sums: tor
     rows, vocab = weights.shape
     size = block_size(vocab)
     block_sums_ = block_sums(weights) if sums is None else sums
-    if native.usable(weights) and weights.dtype == torch.float32 and weights.is_contiguous() and rows:
-        return native.sample_rows(weights, block_sums_, size, uniforms)
+    if rows and weights.dtype == torch.float32 and weights.is_contiguous() and kernels.accelerated(weights):
+        return kernels.sample_rows(weights, block_sums_, size, uniforms)
     block_cdf = block_sums_.cumsum(-1)
     target = uniforms * block_cdf[:, -1]
     block = _cdf_index(block_sums_, target)

@@ -3,8 +3,8 @@
 Internally every distribution is carried as unnormalised weights `exp((x - max x) / T)`, whose largest
 entry is exactly 1: top-k, top-p and min-p are thresholds on these weights (ties kept), so p~ is the
 weights at or above the highest of the three thresholds, renormalised. Greedy rows are one-hot at their
-argmax. No full-vocabulary sort is made: on the CPU one compiled pass per row (native/) computes the
-weights and their thresholds (a heap for a small top-k, radix selection otherwise); elsewhere top-k uses
+argmax. No full-vocabulary sort is made: where a compiled backend runs (kernels/: C on the CPU, Triton
+on CUDA) one kernel per row computes the weights and their thresholds; the torch reference uses
 `torch.topk` when a small `max_k` is known and radix selection (selection.py) otherwise.
 """
 
@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from . import checks, native
+from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .categorical import block_size, block_sums, sample_from_weights
 from .rng import STREAM_TARGET, keyed_uniform, per_row_seeds
@@ -36,8 +36,8 @@ def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
 
 def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
-    if native.usable(masked_logits) and masked_logits.numel():
-        return native.argmax_rows(masked_logits.reshape(-1, masked_logits.shape[-1])).view(masked_logits.shape[:-1])
+    if masked_logits.numel() and kernels.accelerated(masked_logits):
+        return kernels.argmax_rows(masked_logits.reshape(-1, masked_logits.shape[-1])).view(masked_logits.shape[:-1])
     return torch.nan_to_num(masked_logits.float(), nan=float("-inf")).argmax(-1)
 
 
@@ -161,11 +161,11 @@ def truncated_weights(
     """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] ->
     (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). Greedy rows are one-hot at their
     argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
-    does. The weights may live in this thread's scratch buffer: use them before the next call. On the CPU
-    one compiled pass per row does it all; elsewhere torch ops do, with the hints."""
+    does. The weights may live in this thread's scratch buffer: use them before the next call. A compiled
+    backend (kernels/) does it all in one pass per row; the torch reference uses the hints."""
     out = _scratch(masked_logits.shape, masked_logits.device)
-    if native.usable(masked_logits) and masked_logits.numel():
-        sums = native.weigh_rows(
+    if masked_logits.numel() and kernels.accelerated(masked_logits):
+        sums = kernels.weigh_rows(
             masked_logits.detach(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
             block_size(masked_logits.shape[-1]), out,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native
+from . import kernels
 from .categorical import block_size, sample_from_weights
 from .truncation import greedy_tokens
 
@@ -61,7 +61,7 @@ def sampled_verdict(
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
     accepted = has_draft & ~rejected
     mode = torch.where(
-        has_draft, torch.where(blind, native.WITHOUT_DRAFT, native.FROM_RESIDUAL), native.FROM_TARGET
+        has_draft, torch.where(blind, kernels.WITHOUT_DRAFT, kernels.FROM_RESIDUAL), kernels.FROM_TARGET
     ).to(torch.int32)
     drawn = recovery_draw(target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
     return accepted, torch.where(accepted, draft, drawn)
@@ -76,22 +76,22 @@ def recovery_draw(
     mode: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> torch.Tensor:
-    """One draw per position from p~ - q clamped at 0 (native.FROM_RESIDUAL; p~ when that is all zero), p~
+    """One draw per position from p~ - q clamped at 0 (kernels.FROM_RESIDUAL; p~ when that is all zero), p~
     without the draft token (WITHOUT_DRAFT) or p~ (FROM_TARGET). Shapes as in sampled_verdict; target_mass:
-    float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. On the CPU a compiled kernel
+    float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. A compiled backend (kernels/)
     draws without materialising the residual."""
     batch, positions, vocab = draft_probs.shape
-    if native.usable(target_weights) and draft_probs.numel():
-        return native.recover_rows(
+    if draft_probs.numel() and kernels.accelerated(target_weights):
+        return kernels.recover_rows(
             target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
         )
     target_probs = target_weights[:, :positions] / target_mass[..., None].to(target_weights.dtype)
     column = _draft_column(draft)
     # one full-size tensor: p~ - q where q is used (else p~), clamped, then edited in place
-    uses_q = (mode == native.FROM_RESIDUAL)[..., None].to(target_probs.dtype)
+    uses_q = (mode == kernels.FROM_RESIDUAL)[..., None].to(target_probs.dtype)
     residual = torch.addcmul(target_probs, draft_probs.to(target_probs.dtype), uses_q, value=-1).clamp_(min=0)
     at_draft = residual.gather(-1, column)
-    residual.scatter_(-1, column, torch.where((mode == native.WITHOUT_DRAFT)[..., None], 0.0, at_draft))
+    residual.scatter_(-1, column, torch.where((mode == kernels.WITHOUT_DRAFT)[..., None], 0.0, at_draft))
     empty = residual.amax(-1, keepdim=True) <= 0
     residual = torch.where(empty, target_probs, residual, out=residual)
     return sample_from_weights(residual.view(-1, vocab), uniforms.reshape(-1)).view(batch, positions)
@@ -108,11 +108,11 @@ def relaxed_verdict(
     tokens: a token tied with the k-th is in only if its id is lower (the order of a stable sort), so the
     worked example of the issue holds: probs [.05, .10, .20, .50, .10, .05], top-3 = {3, 2, 1}, and
     draft 4 is rejected. A draft the grammar mask forbids (probability 0) is never accepted.
-    On the CPU a compiled kernel judges each position in two passes without materialising the softmax.
+    A compiled backend (kernels/) judges each position without materialising the softmax.
     """
     positions = draft.shape[1]
-    if native.usable(masked_logits) and masked_logits.numel() and draft.numel():
-        accepted, top1 = native.relaxed_rows(masked_logits.detach(), draft, relaxed_topk, relaxed_delta)
+    if masked_logits.numel() and draft.numel() and kernels.accelerated(masked_logits):
+        accepted, top1 = kernels.relaxed_rows(masked_logits.detach(), draft, relaxed_topk, relaxed_delta)
         return accepted, torch.where(accepted, draft, top1)
     x = masked_logits[:, :positions].float()
     top1 = greedy_tokens(x)

@@ -1,10 +1,11 @@
-"""Optional compiled CPU kernels (kernels.c), built with the system C compiler on first use.
+"""Compiled CPU kernels (kernels.c), built with the system C compiler on first use.
 
 The shared library is cached under $SPECVERIFY_CACHE (default ~/.cache/specverify) by a hash of the
 source, compiler flags and OpenMP runtime, so the build (about a second) happens once per machine. Where
-no compiler is found or the build fails, `load()` returns None and callers use their torch implementation;
-set SPECVERIFY_NATIVE=0 to force that. The kernels take contiguous CPU rows (float32, bfloat16 or
-float16 where they read inputs; float32 weights).
+no compiler is found or the build fails, `load()` warns once (naming the cause and the fix) and returns
+None, and the dispatch (kernels/) runs the torch reference instead; SPECVERIFY_BACKEND=torch (or the older
+SPECVERIFY_NATIVE=0) skips the build and the warning. The kernels take contiguous CPU rows (float32,
+bfloat16 or float16 where they read inputs; float32 weights).
 
 Threads: where torch runs on GNU OpenMP (Linux wheels), the kernels are built with OpenMP and linked to
 the very runtime torch loaded, so a call spreads its rows over torch's own thread team; that team's
@@ -23,6 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,11 +50,16 @@ def torch_openmp_runtime() -> Path | None:
     return Path(min(paths)) if len(paths) == 1 else None
 
 
-def _build(target: Path, openmp: Path | None) -> bool:
-    """Compile kernels.c into target: with OpenMP linked to the given runtime, or without OpenMP."""
+class BuildError(Exception):
+    """Why the kernels could not be built or loaded, in words a user can act on."""
+
+
+def _build(target: Path, openmp: Path | None) -> None:
+    """Compile kernels.c into target: with OpenMP linked to the given runtime, or without OpenMP.
+    Raises BuildError naming the cause."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        return False
+        raise BuildError("no C compiler found (neither $CC, cc nor gcc)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built, objects = Path(scratch) / target.name, Path(scratch) / "kernels.o"
@@ -60,35 +67,63 @@ def _build(target: Path, openmp: Path | None) -> bool:
         runtime = [str(openmp), f"-Wl,-rpath,{openmp.parent}"] if openmp else []
         steps.append([compiler, "-shared", str(objects), *runtime, "-o", str(built), "-lm"])
         for step in steps:
-            if subprocess.run(step, capture_output=True, text=True).returncode != 0:
-                return False
+            try:
+                done = subprocess.run(step, capture_output=True, text=True)
+            except OSError as error:
+                raise BuildError(f"the C compiler {compiler!r} could not be run ({error})") from error
+            if done.returncode != 0:
+                message = (done.stderr or done.stdout).strip().splitlines()
+                raise BuildError(
+                    f"{Path(compiler).name} failed (exit {done.returncode}): {message[0] if message else 'no message'}"
+                )
         os.replace(built, target)  # atomic: concurrent builders never see a half-written library
-    return True
 
 
-def _open(openmp: Path | None) -> ctypes.CDLL | None:
-    """The kernels built for this OpenMP runtime (or none), built first if not cached; None on failure."""
+def _open(openmp: Path | None) -> ctypes.CDLL:
+    """The kernels built for this OpenMP runtime (or none), built first if not cached. Raises BuildError."""
     key = SOURCE.read_bytes() + " ".join(FLAGS).encode() + str(openmp).encode()
     target = _cache_dir() / f"kernels-{hashlib.sha256(key).hexdigest()[:16]}.so"
     try:
-        if not target.exists() and not _build(target, openmp):
-            return None
+        if not target.exists():
+            _build(target, openmp)
         return ctypes.CDLL(str(target))
-    except OSError:
-        return None
+    except OSError as error:
+        raise BuildError(f"the built library could not be loaded ({error})") from error
+
+
+#: Why the kernels are unavailable in this process (None: available, or not tried yet).
+unavailable_because: str | None = None
 
 
 @functools.lru_cache(maxsize=None)
 def load() -> ctypes.CDLL | None:
-    """The compiled kernels, or None where they cannot be built (callers fall back to torch)."""
+    """The compiled kernels, or None where they cannot be built (callers fall back to torch). A failure is
+    reported once per process by a warning naming the cause and the fix."""
+    global unavailable_because
     if os.environ.get("SPECVERIFY_NATIVE", "1") == "0":
+        unavailable_because = "SPECVERIFY_NATIVE=0"
         return None
     openmp = torch_openmp_runtime()
-    library = _open(openmp) if openmp else None
+    library = None
+    if openmp:
+        try:
+            library = _open(openmp)
+        except BuildError:
+            pass  # try again without OpenMP
     threaded = library is not None
-    library = library or _open(None)
     if library is None:
-        return None
+        try:
+            library = _open(None)
+        except BuildError as error:
+            unavailable_because = str(error)
+            warnings.warn(
+                f"specverify: the compiled CPU kernels are unavailable: {error}. The CPU runs the torch "
+                "reference path instead (correct, but many times slower). Fix: install a C compiler (e.g. "
+                "gcc) or set CC; or set SPECVERIFY_BACKEND=torch to choose that path and silence this warning.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
     library.specverify_threads_itself = threaded
     pointer, i32, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
     library.weigh_rows.argtypes = [pointer, i32, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
@@ -127,11 +162,6 @@ def _readable(values: torch.Tensor) -> tuple[torch.Tensor, int]:
     if values.dtype not in DTYPES:
         values = values.to(torch.float32)
     return values.contiguous(), DTYPES[values.dtype]
-
-
-def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels apply: all tensors on the CPU and the library available."""
-    return all(t.device.type == "cpu" for t in tensors) and load() is not None
 
 
 def weigh_rows(

@@ -1,0 +1,147 @@
+"""The hot loops, one backend per device, behind one dispatch function per op.
+
+Backends: `native` (compiled C kernels, CPU tensors), `triton` (Triton kernels, CUDA tensors; CPU tensors
+under Triton's interpreter) and `torch` (the reference code in the rooms above, which runs everywhere).
+The device of an op's first tensor chooses: CPU -> native, CUDA -> triton, anything else -> torch; where
+the chosen backend cannot run (no C compiler, triton not installed) it is reported once by a warning and
+torch runs instead. `SPECVERIFY_BACKEND=torch|native|triton` forces one for every op (read at each call,
+so tests can switch); an unknown value, or a forced backend that cannot run on the tensors, raises.
+
+Callers ask `accelerated(t)` and call the op by its name, or run their torch code when it is False; they
+never learn which backend ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from types import ModuleType
+
+import torch
+
+from . import native
+from .native import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT
+
+__all__ = [
+    "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "WITHOUT_DRAFT", "accelerated", "argmax_rows", "backend",
+    "recover_rows", "relaxed_rows", "sample_rows", "weigh_rows",
+]
+
+BACKENDS = ("torch", "native", "triton")
+ENVIRONMENT = "SPECVERIFY_BACKEND"
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_kernels(interpreted: bool) -> ModuleType | None:
+    """The Triton kernels (triton/), imported on first use; None (with a one-time warning) where triton
+    cannot be imported. interpreted: the caller needs Triton's interpreter (CPU tensors), which Triton
+    only offers when TRITON_INTERPRET=1 is set before it is first imported: it is set here when triton is
+    not imported yet, and a RuntimeError says so when it was imported without it."""
+    if interpreted and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise RuntimeError(
+                f"{ENVIRONMENT}=triton on CPU tensors runs Triton's interpreter, which needs TRITON_INTERPRET=1 "
+                "set before triton is first imported (triton was imported without it in this process)"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from . import triton as kernels
+    except ImportError as error:
+        if not interpreted:
+            warnings.warn(
+                f"specverify: the Triton kernels are unavailable ({error}); CUDA tensors run the torch reference "
+                "path instead (correct, but slower). Fix: pip install triton; or set SPECVERIFY_BACKEND=torch to "
+                "choose that path and silence this warning.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return None
+    return kernels
+
+
+def _forced_backend(forced: str, device: torch.device) -> str:
+    """The forced backend, checked to run on tensors of this device; raises otherwise."""
+    if forced not in BACKENDS:
+        raise ValueError(f"{ENVIRONMENT} must be one of torch, native, triton (got {forced!r})")
+    if forced == "native":
+        if device.type != "cpu":
+            raise RuntimeError(f"{ENVIRONMENT}=native runs on CPU tensors only (got a tensor on {device})")
+        if native.load() is None:
+            raise RuntimeError(f"{ENVIRONMENT}=native, but the compiled CPU kernels are unavailable: {native.unavailable_because}")
+    if forced == "triton":
+        if device.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"{ENVIRONMENT}=triton runs on CUDA tensors (and CPU ones, interpreted) (got a tensor on {device})")
+        try:
+            import triton  # noqa: F401
+        except ImportError as error:
+            raise RuntimeError(f"{ENVIRONMENT}=triton, but triton cannot be imported ({error}); pip install triton") from error
+        if _triton_kernels(device.type == "cpu") is None:
+            raise RuntimeError(f"{ENVIRONMENT}=triton, but specverify's Triton kernels could not be imported")
+    return forced
+
+
+def backend(tensor: torch.Tensor) -> str:
+    """The backend that runs ops on this tensor's device: "native", "triton" or "torch"."""
+    forced = os.environ.get(ENVIRONMENT, "").strip()
+    if forced:
+        return _forced_backend(forced, tensor.device)
+    if tensor.device.type == "cpu":
+        return "native" if native.load() is not None else "torch"
+    if tensor.device.type == "cuda":
+        return "triton" if _triton_kernels(False) is not None else "torch"
+    return "torch"
+
+
+def accelerated(tensor: torch.Tensor) -> bool:
+    """Whether a compiled backend runs ops on this tensor (else the caller runs its torch reference)."""
+    return backend(tensor) != "torch"
+
+
+def _kernels_for(tensor: torch.Tensor) -> ModuleType:
+    chosen = backend(tensor)
+    if chosen == "native":
+        return native
+    if chosen == "triton":
+        return _triton_kernels(tensor.device.type == "cpu")
+    raise RuntimeError("no compiled backend runs on this tensor: call the torch reference (see accelerated())")
+
+
+def weigh_rows(
+    logits: torch.Tensor, temperature: torch.Tensor, greedy_below: float, top_k: torch.Tensor, top_p: torch.Tensor,
+    min_p: torch.Tensor | None, rtol: float, block: int, out: torch.Tensor,
+) -> torch.Tensor:
+    """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (SPEC §2; one-hot at the
+    argmax for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
+    kept weights. logits: float [N, V] (float32, bfloat16 or float16, read as they are); out: contiguous
+    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]."""
+    return _kernels_for(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out)
+
+
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """First argmax per row, NaN never winning. values: float [N, V] -> int64 [N]."""
+    return _kernels_for(values).argmax_rows(values)
+
+
+def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row. weights: contiguous float32 [N, V] (>= 0); sums: float64 [N, ceil(V / block)],
+    their block sums; uniforms: float64 [N] -> int64 [N]."""
+    return _kernels_for(weights).sample_rows(weights, sums, block, uniforms)
+
+
+def recover_rows(
+    weights: torch.Tensor, weight_sums: torch.Tensor, mass: torch.Tensor, draft_probs: torch.Tensor,
+    draft: torch.Tensor, mode: torch.Tensor, uniforms: torch.Tensor, block: int,
+) -> torch.Tensor:
+    """The recovery draw of sampled verification at each drafted position (SPEC §3.2), the residual never
+    materialised. weights: float32 [B, P, V] with P >= K (unnormalised p~), weight_sums: float64
+    [B, P, ceil(V / block)]; mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K];
+    mode: int [B, K] (FROM_TARGET, FROM_RESIDUAL or WITHOUT_DRAFT); uniforms: float64 [B, K] -> int64 [B, K]."""
+    return _kernels_for(weights).recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block)
+
+
+def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token.
+    logits: float [B, P, V] with P >= K, masked; draft: int64 [B, K] (-1: none) -> (bool [B, K], int64 [B, K])."""
+    return _kernels_for(logits).relaxed_rows(logits, draft, k, delta)

@@ -1,0 +1,116 @@
+"""The backend dispatch (kernels/): chosen by device, forced by SPECVERIFY_BACKEND, clear errors, and a
+one-time warning naming the cause and the fix when the compiled CPU kernels cannot be built."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import specverify as sv
+from specverify import kernels
+from specverify.cli import main
+from specverify.kernels import native
+
+from conftest import backend_path, native_available
+
+
+def _call():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3 * 4, 300, generator=g)
+    return sv.stochastic_acceptance_sampler(
+        torch.randint(0, 300, (3, 3), generator=g), logits, torch.tensor([0.7, 1.0, 0.0]), torch.tensor([20, -1, -1]),
+        None, torch.tensor([0.9, 1.0, 1.0]), None, torch.tensor([1, 2, 3]),
+    )
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+def test_cpu_tensors_run_the_compiled_kernels_by_default(monkeypatch):
+    monkeypatch.delenv("SPECVERIFY_BACKEND", raising=False)
+    assert kernels.backend(torch.zeros(1)) == "native" and kernels.accelerated(torch.zeros(1))
+
+
+def test_the_environment_forces_a_backend_for_every_op(monkeypatch):
+    with backend_path("torch"):
+        assert kernels.backend(torch.zeros(1)) == "torch" and not kernels.accelerated(torch.zeros(1))
+        calls = []
+        monkeypatch.setattr(native, "weigh_rows", lambda *args: calls.append(args))
+        monkeypatch.setattr(native, "sample_rows", lambda *args: calls.append(args))
+        monkeypatch.setattr(native, "argmax_rows", lambda *args: calls.append(args))
+        _call()
+        assert not calls, "a compiled kernel ran with SPECVERIFY_BACKEND=torch"
+
+
+@pytest.mark.parametrize("value", ["cuda", "Torch", "c"])
+def test_an_unknown_backend_is_a_clear_error(value):
+    with backend_path(value), pytest.raises(ValueError, match=f"SPECVERIFY_BACKEND must be one of torch, native, triton \\(got '{value}'\\)"):
+        _call()
+
+
+def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(native, "load", lambda: None)
+    monkeypatch.setattr(native, "unavailable_because", "no C compiler found (neither $CC, cc nor gcc)")
+    with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native, but the compiled CPU kernels are unavailable: no C compiler found"):
+        _call()
+    with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native runs on CPU tensors only"):
+        kernels.backend(torch.zeros(1, device="meta"))
+
+
+def _fresh_load(monkeypatch, tmp_path):
+    """native.load() as on a machine where nothing is cached yet (its cache cleared again afterwards)."""
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECVERIFY_NATIVE", raising=False)
+    native.load.cache_clear()
+    monkeypatch.setattr(native, "unavailable_because", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        library = native.load()
+        again = native.load()
+    native.load.cache_clear()
+    return library, again, [w for w in caught if "specverify" in str(w.message)]
+
+
+def test_no_c_compiler_warns_once_naming_the_cause_and_the_fix(monkeypatch, tmp_path):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    library, again, caught = _fresh_load(monkeypatch, tmp_path)
+    assert library is None and again is None
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert "no C compiler found" in message and "install a C compiler" in message and "SPECVERIFY_BACKEND=torch" in message
+    assert native.unavailable_because.startswith("no C compiler found")
+
+
+def test_a_failing_compiler_is_named_with_its_error(monkeypatch, tmp_path):
+    compiler = tmp_path / "broken-cc"
+    compiler.write_text("#!/bin/sh\necho 'broken-cc: fatal error: cannot find kernels.h' >&2\nexit 3\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    library, _, caught = _fresh_load(monkeypatch, tmp_path / "cache")
+    assert library is None and len(caught) == 1
+    assert "broken-cc failed (exit 3): broken-cc: fatal error: cannot find kernels.h" in str(caught[0].message)
+
+
+def test_the_torch_backend_never_builds_and_never_warns(monkeypatch, tmp_path):
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    native.load.cache_clear()
+    try:
+        with backend_path("torch"), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _call()
+    finally:
+        native.load.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["torch"] + (["native"] if native_available() else []))
+def test_bench_says_which_backend_ran(name, capsys):
+    with backend_path(name):
+        assert main(["bench", "--batch", "2", "--drafts", "1", "--vocab", "64", "--repeats", "1", "--modes", "greedy"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    config = json.loads(lines[-1])["config"]
+    assert config["backend"] == name and config["kernels"].startswith(name)
+    assert any(line.startswith(f"backend: {name}") for line in lines)

@@ -9,7 +9,10 @@ is written to", and a context manager that makes any Python-level read of tensor
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import sys
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -124,6 +127,17 @@ def each_backend(request):
     """Run the test on every backend (SPECVERIFY_BACKEND): native, torch and triton (interpreted on the CPU)."""
     with backend_path(request.param):
         yield request.param
+
+
+def load_check_cuda():
+    """scripts/check_cuda.py as a module (loaded once, registered as `check_cuda`)."""
+    if "check_cuda" not in sys.modules:
+        script = Path(__file__).resolve().parents[1] / "scripts" / "check_cuda.py"
+        spec = importlib.util.spec_from_file_location("check_cuda", script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["check_cuda"] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules["check_cuda"]
 
 
 def per_row_seeds(seed, batch: int) -> list[int]:

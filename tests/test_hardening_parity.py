@@ -18,21 +18,12 @@ import pytest
 import torch
 
 import specverify as sv
-from conftest import native_available, outputs_equal
+from conftest import load_check_cuda, native_available, outputs_equal
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_cuda.py"
 HAS_CUDA = torch.cuda.is_available()
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("check_cuda", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["check_cuda"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-check_cuda = _load_script()
+check_cuda = load_check_cuda()
 
 
 # ---------------------------------------------------------------------------------------------------------

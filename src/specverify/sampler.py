@@ -2,7 +2,8 @@
 
 One call: check the arguments -> mask the logits with the grammar bitmasks -> build each position's
 truncated target weights -> draw one keyed uniform per (row, position, stream) -> judge every position
-with the rule of its row (greedy, relaxed, argmax or sampled) -> take the first rejection.
+with the rule of its row (greedy, relaxed, argmax or sampled) -> take the first rejection. Where the
+backend runs whole calls (Triton, on CUDA), everything after the checks is one kernel.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, row_keys
+from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, as_int64_bits, keyed_uniform, per_row_seeds, row_keys
 from .truncation import greedy_tokens, is_greedy, truncated_weights
-from .verdicts import argmax_verdict, greedy_verdict, relaxed_verdict, sampled_verdict
+from .verdicts import (
+    argmax_verdict, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict, whole_call_verdicts,
+)
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
 
@@ -196,8 +199,9 @@ def stochastic_acceptance_sampler(
     max_k = _check_max_k(_hint("max_k", max_k, validate, int), top_k, vocab, validate)
     needs_top_p = _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p, validate)
 
-    masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
+    masked = None
     if validate:
+        masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
         checks.check_draft_ids(draft_tokens, vocab)
         checks.check_finite_logits("target_logits", logits, some_finite=token_bitmasks is None)
         checks.check_sampling_values(temperature, top_k, top_p, min_p)
@@ -205,6 +209,16 @@ def stochastic_acceptance_sampler(
             checks.check_draft_probs(draft_probs_full)
         if token_bitmasks is not None:
             checks.check_some_allowed("token_bitmasks", masked)
+    if runs_whole_calls(logits):
+        if isinstance(seed, int):
+            seed = torch.tensor(as_int64_bits(seed), dtype=torch.int64, device=device)
+        return whole_call_verdicts(
+            draft_tokens, logits, token_bitmasks, temperature, top_k, top_p, min_p, seed, shared_seed,
+            in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
+        )
+    if masked is None:
+        masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
+    if validate:
         greedy_rows = is_greedy(temperature)
         relaxed_rows = in_thinking_phase & ~greedy_rows if in_thinking_phase is not None else greedy_rows & False
         plan = _Plan(

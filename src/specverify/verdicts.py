@@ -12,7 +12,7 @@ import torch
 
 from . import kernels
 from .categorical import block_size, sample_from_weights
-from .truncation import greedy_tokens
+from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, greedy_tokens
 
 
 def _draft_column(draft: torch.Tensor) -> torch.Tensor:
@@ -126,3 +126,25 @@ def relaxed_verdict(
     close = p_draft >= 1 / total - relaxed_delta
     accepted = (draft >= 0) & (p_draft > 0) & (rank < relaxed_topk) & close
     return accepted, torch.where(accepted, draft, top1)
+
+
+def runs_whole_calls(logits: torch.Tensor) -> bool:
+    """Whether `whole_call_verdicts` runs for logits on this device (a backend with a one-launch verifier)."""
+    return kernels.whole_call(logits)
+
+
+def whole_call_verdicts(
+    draft_tokens: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
+    top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, seed: torch.Tensor, shared_seed: bool,
+    in_thinking_phase: torch.Tensor | None, relaxed_topk: int | None, relaxed_delta: float | None,
+    draft_probs: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rule of SPEC §3 for every row and the first rejection, in one kernel (where runs_whole_calls):
+    the same verdicts as the functions above, the grammar mask, the padding of drafts that are not ids
+    and the keys s_b + j all applied inside it. draft_tokens: int [B, K] as given; logits: [B, K+1, V];
+    bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: int64 [] shared or [B].
+    Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
+    return kernels.verify_rows(
+        draft_tokens, logits, bitmask, temperature, top_k, top_p, min_p, seed, shared_seed, in_thinking_phase,
+        relaxed_topk, relaxed_delta, draft_probs, GREEDY_TEMPERATURE, BOUNDARY_RTOL,
+    )

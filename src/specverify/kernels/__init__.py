@@ -8,7 +8,8 @@ torch runs instead. `SPECVERIFY_BACKEND=torch|native|triton` forces one for ever
 so tests can switch); an unknown value, or a forced backend that cannot run on the tensors, raises.
 
 Callers ask `accelerated(t)` and call the op by its name, or run their torch code when it is False; they
-never learn which backend ran.
+never learn which backend ran. `whole_call(t)` says whether the backend also runs a whole verifier call
+(`verify_rows`: every rule and the first rejection in one launch, as the Triton backend does).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .native import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT
 
 __all__ = [
     "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "WITHOUT_DRAFT", "accelerated", "argmax_rows", "backend",
-    "recover_rows", "relaxed_rows", "sample_rows", "weigh_rows",
+    "recover_rows", "relaxed_rows", "sample_rows", "verify_rows", "weigh_rows", "whole_call",
 ]
 
 BACKENDS = ("torch", "native", "triton")
@@ -99,6 +100,11 @@ def accelerated(tensor: torch.Tensor) -> bool:
     return backend(tensor) != "torch"
 
 
+def whole_call(tensor: torch.Tensor) -> bool:
+    """Whether the backend for this tensor runs a whole verifier call in one kernel (`verify_rows`)."""
+    return backend(tensor) == "triton"
+
+
 def _kernels_for(tensor: torch.Tensor) -> ModuleType:
     chosen = backend(tensor)
     if chosen == "native":
@@ -145,3 +151,10 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token.
     logits: float [B, P, V] with P >= K, masked; draft: int64 [B, K] (-1: none) -> (bool [B, K], int64 [B, K])."""
     return _kernels_for(logits).relaxed_rows(logits, draft, k, delta)
+
+
+def verify_rows(draft: torch.Tensor, logits: torch.Tensor, *arguments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A whole verifier call for checked arguments, where `whole_call(logits)` holds; the arguments and
+    shapes are those of kernels/triton.verify_rows. Returns (first_rejected_idx [B], recovered [B, K],
+    bonus [B, 1])."""
+    return _kernels_for(logits).verify_rows(draft, logits, *arguments)

@@ -1,0 +1,168 @@
+"""Triton kernels for CUDA tensors (on CPU tensors they run under Triton's interpreter): the launchers.
+
+Each op of kernels/ is one launch here, with the same arguments and results as the native ones, and
+`verify_rows` runs a whole verifier call: with its output buffers made beforehand, one fill (first = K)
+and one kernel launch, no host read and no allocation whose size depends on data, so it can be captured
+in a CUDA graph. Tile shapes depend only on (rows, V) and the device: a large vocabulary runs one row per
+program in tiles of 1024 columns (searches in tiles of 128 x 16 candidates); a small one many rows per
+program. Under the interpreter, whose cost is per operation and program, tiles are as large as V allows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..native import FROM_RESIDUAL, WITHOUT_DRAFT
+from . import jit
+
+#: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).
+GPU_TILE_ELEMENTS = 1024
+GPU_SEARCH_ELEMENTS = 2048
+#: Under the interpreter: as large as this, so that few programs run.
+INTERPRETED_TILE_ELEMENTS = 1 << 16
+INTERPRETED_MAX_TILE = 4096
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def launch_shape(rows: int, vocab: int, device: torch.device, block: int | None = None) -> dict:
+    """ROWS, TILE and SEARCH (powers of two) and num_warps for `rows` rows of `vocab` columns. When block
+    sums are written (block < vocab), TILE is a multiple of `block`."""
+    interpreted = device.type != "cuda"
+    widest = INTERPRETED_MAX_TILE if interpreted else GPU_TILE_ELEMENTS
+    tile = max(16, min(_next_power_of_two(vocab), widest))
+    if block is not None and block < vocab:
+        tile = max(tile, block)
+    if interpreted:
+        per_program = max(1, min(_next_power_of_two(max(rows, 1)), INTERPRETED_TILE_ELEMENTS // tile))
+        search = tile
+    else:  # the searches' [ROWS, SEARCH, 16] tiles bound the rows per program
+        search = max(16, min(tile, GPU_SEARCH_ELEMENTS // jit.RADIX.value))
+        per_program = max(1, min(_next_power_of_two(max(rows, 1)), GPU_TILE_ELEMENTS // tile,
+                                 GPU_SEARCH_ELEMENTS // (search * jit.RADIX.value)))
+    shape = dict(ROWS=per_program, TILE=tile, SEARCH=search)
+    if not interpreted:
+        shape["num_warps"] = 8 if per_program * tile >= 1024 else 4
+    return shape
+
+
+def _grid(rows: int, shape: dict) -> tuple[int]:
+    return (max(1, -(-rows // shape["ROWS"])),)
+
+
+def _without_search(shape: dict) -> dict:
+    return {name: value for name, value in shape.items() if name != "SEARCH"}
+
+
+def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out):
+    """kernels.weigh_rows on the GPU (see there)."""
+    rows, vocab = logits.shape
+    logits = logits.contiguous()
+    blocks = -(-vocab // block)
+    sums = torch.empty(rows, blocks, dtype=torch.float64, device=logits.device)
+    shape = launch_shape(rows, vocab, logits.device, block)
+    jit.weigh_kernel[_grid(rows, shape)](
+        logits, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(),
+        top_p if min_p is None else min_p.contiguous(), out, sums, rows, vocab, blocks, greedy_below, rtol,
+        HAS_MIN_P=min_p is not None, ONE_BLOCK=block >= vocab, BLOCK=block,
+        **shape,
+    )
+    return sums
+
+
+def argmax_rows(values):
+    """kernels.argmax_rows on the GPU."""
+    rows, vocab = values.shape
+    out = torch.empty(rows, dtype=torch.int64, device=values.device)
+    shape = _without_search(launch_shape(rows, vocab, values.device))
+    jit.argmax_kernel[_grid(rows, shape)](values.contiguous(), out, rows, vocab, **shape)
+    return out
+
+
+def sample_rows(weights, sums, block, uniforms):
+    """kernels.sample_rows on the GPU: the walk runs over the weights themselves, in float64 (the block
+    sums are not needed; draws agree with the two-level walk except within rounding of a boundary)."""
+    rows, vocab = weights.shape
+    out = torch.empty(rows, dtype=torch.int64, device=weights.device)
+    shape = _without_search(launch_shape(rows, vocab, weights.device))
+    uniforms = uniforms.to(torch.float64).contiguous()
+    jit.draw_kernel[_grid(rows, shape)](
+        weights, uniforms, out, weights, uniforms, out, out, 1, rows, vocab, 1, RECOVERY=False, **shape
+    )
+    return out
+
+
+def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block):
+    """kernels.recover_rows on the GPU (see there): per position the residual max(0, p~ - q) (p~ where it
+    has no mass), p~ without the draft, or p~."""
+    requests, positions, vocab = draft_probs.shape
+    rows = requests * positions
+    out = torch.empty(requests, positions, dtype=torch.int64, device=weights.device)
+    shape = _without_search(launch_shape(rows, vocab, weights.device))
+    mass = mass.to(torch.float64)
+    scale = (1.0 / mass).to(torch.float32).contiguous()
+    use_q = (mode == FROM_RESIDUAL).to(torch.int8).contiguous()
+    excluded = torch.where(mode == WITHOUT_DRAFT, draft.to(torch.int64), -1).contiguous()
+    jit.draw_kernel[_grid(rows, shape)](
+        weights.contiguous(), uniforms.to(torch.float64).contiguous(), out, draft_probs.contiguous(), scale, use_q,
+        excluded, weights.shape[1], rows, vocab, positions, RECOVERY=True, **shape,
+    )
+    return out
+
+
+def relaxed_rows(logits, draft, k, delta):
+    """kernels.relaxed_rows on the GPU."""
+    requests, positions = draft.shape
+    rows = requests * positions
+    accepted = torch.empty(requests, positions, dtype=torch.int8, device=logits.device)
+    top1 = torch.empty(requests, positions, dtype=torch.int64, device=logits.device)
+    shape = _without_search(launch_shape(rows, logits.shape[-1], logits.device))
+    jit.relaxed_kernel[_grid(rows, shape)](
+        logits.contiguous(), draft.to(torch.int64).contiguous(), accepted, top1, rows, logits.shape[-1], positions,
+        logits.shape[1], k, delta, **shape,
+    )
+    return accepted.bool(), top1
+
+
+def verify_rows(
+    draft: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
+    top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, seed: torch.Tensor, shared_seed: bool,
+    thinking: torch.Tensor | None, relaxed_topk: int | None, relaxed_delta: float | None,
+    draft_probs: torch.Tensor | None, greedy_below: float, rtol: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A whole verifier call (SPEC §1-§5) for checked arguments: two launches (the fill of first_rejected
+    and one kernel), no host read.
+
+    draft: int [B, K] as given (ids outside [0, V) and all after them are padding); logits: float [B, K+1, V]
+    (any float dtype); bitmask: int32 [B, K+1, ceil(V/32)] or None; temperature, top_k, top_p, min_p: [B];
+    seed: int64 [] shared (row b uses s + b * 0x9E3779B97F4A7C15) or [B]; thinking: bool [B] or None with
+    relaxed_topk and relaxed_delta; draft_probs: float [B, K, V] for sampled drafts, else None.
+    Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1]).
+    """
+    batch, positions = draft.shape
+    vocab = logits.shape[-1]
+    device = logits.device
+    rows = batch * (positions + 1)
+    first = torch.full((batch,), positions, dtype=torch.int64, device=device)
+    recovered = torch.empty(batch, positions, dtype=torch.int64, device=device)
+    bonus = torch.empty(batch, 1, dtype=torch.int64, device=device)
+    if batch == 0:
+        return first, recovered, bonus
+    shape = launch_shape(rows, vocab, device)
+    logits = logits.contiguous()
+    words = bitmask.shape[-1] if bitmask is not None else 0
+    relaxed = thinking is not None and relaxed_topk is not None
+    jit.verify_kernel[_grid(rows, shape)](
+        logits, logits if bitmask is None else bitmask.contiguous(), temperature.contiguous(), top_k.contiguous(),
+        top_p.contiguous(), top_p if min_p is None else min_p.contiguous(), seed.contiguous(), draft.contiguous(),
+        thinking.contiguous().view(torch.int8) if relaxed else first,
+        draft_probs.contiguous() if draft_probs is not None else logits,
+        first, recovered, bonus,
+        batch, positions, vocab, words, greedy_below, rtol,
+        relaxed_topk if relaxed else 1, float(relaxed_delta) if relaxed else 0.0,
+        HAS_MASK=bitmask is not None, HAS_MIN_P=min_p is not None, SHARED_SEED=shared_seed,
+        HAS_RELAXED=relaxed, SAMPLED=draft_probs is not None, **shape,
+    )
+    return first, recovered, bonus

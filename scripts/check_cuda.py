@@ -1,10 +1,19 @@
 #!/usr/bin/env python
 """Run specverify's exactness, statistical and parity checks on a CUDA device.
 
-    python scripts/check_cuda.py                 # on cuda, against the CPU; exits 0 with a message if no CUDA
-    python scripts/check_cuda.py --quick         # smaller sizes (about a minute on a GPU)
+    python scripts/check_cuda.py                 # on cuda (Triton kernels), against the CPU; exits 0 with a
+                                                 # message if no CUDA
+    python scripts/check_cuda.py --quick         # smaller sizes (about a minute on a GPU, plus Triton's compiles)
+    python scripts/check_cuda.py --candidate-backend torch --quick
+                                                 # the torch reference path on CUDA instead
     python scripts/check_cuda.py --device cpu --candidate-fallback --quick
                                                  # the same logic on the CPU: compiled kernels vs torch path
+    TRITON_INTERPRET=1 python scripts/check_cuda.py --device cpu --candidate-backend triton --quick
+                                                 # the Triton kernels under the interpreter, on the CPU
+
+On the GPU machine, with the project's sources on the path (no install needed), the whole GPU evidence is:
+
+    PYTHONPATH=src python scripts/check_cuda.py --quick && PYTHONPATH=src python -m specverify.cli bench --device cuda
 
 Three sections, each on the device under test (the "candidate"):
 
@@ -60,27 +69,34 @@ POWER_P = 1e-6
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A device, and on the CPU whether the compiled kernels may be used (False: the torch path, as on CUDA)."""
+    """A device, and the backend that runs there: None for the device's default (CPU: the compiled C
+    kernels; CUDA: Triton), or "torch", "native", "triton" (SPECVERIFY_BACKEND). native=False is the older
+    spelling of backend="torch"."""
 
     device: str
     native: bool = True
     perturb_ulps: int = 0  # test hook: nudge float32 logits by this many ulps to emulate other rounding
+    backend: str | None = None
+
+    @property
+    def forced_backend(self) -> str | None:
+        return self.backend or (None if self.native else "torch")
 
     def __str__(self) -> str:
         text = self.device
-        if self.device == "cpu":
-            text += "" if self.native else " (torch path)"
+        if self.forced_backend:
+            text += " (torch path)" if self.forced_backend == "torch" else f" ({self.forced_backend})"
         return text + (f" (+-{self.perturb_ulps} ulp)" if self.perturb_ulps else "")
 
 
 @contextlib.contextmanager
 def running_on(target: Target) -> Iterator[None]:
-    """Inside the block, specverify uses the torch path when target.native is False (SPECVERIFY_BACKEND)."""
-    if target.native:
+    """Inside the block, specverify runs on the target's backend (SPECVERIFY_BACKEND), when it names one."""
+    if target.forced_backend is None:
         yield
         return
     saved = os.environ.get("SPECVERIFY_BACKEND")
-    os.environ["SPECVERIFY_BACKEND"] = "torch"
+    os.environ["SPECVERIFY_BACKEND"] = target.forced_backend
     try:
         yield
     finally:
@@ -604,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", default="cpu", help="the device it is compared with (default: cpu)")
     parser.add_argument("--candidate-fallback", action="store_true", help="on the CPU: test the torch path (no compiled kernels)")
     parser.add_argument("--reference-fallback", action="store_true", help="on the CPU: the reference uses the torch path")
+    parser.add_argument("--candidate-backend", choices=["torch", "native", "triton"], default=None,
+                        help="force the candidate's backend (default: the device's own: CUDA -> triton, CPU -> native)")
     parser.add_argument("--perturb-ulps", type=int, default=0, help="self-test: nudge the candidate's float32 logits by N ulps")
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--rows", type=int, default=None, help="rows per statistical group (default 20000, quick 4000)")
@@ -628,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(dict(skipped=True, reason=f"device {device} unusable", passed=False)))
             return 2
 
-    candidate = Target(options.device, native=not options.candidate_fallback, perturb_ulps=options.perturb_ulps)
+    candidate = Target(options.device, native=not options.candidate_fallback, perturb_ulps=options.perturb_ulps,
+                       backend=options.candidate_backend)
     reference = Target(options.reference, native=not options.reference_fallback)
     rows = options.rows or (4000 if options.quick else 20_000)
     report = run_checks(candidate, reference, options.quick, rows, options.rtol, options.kept_set_mass, sections)

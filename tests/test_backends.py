@@ -14,7 +14,7 @@ from specverify import kernels
 from specverify.cli import main
 from specverify.kernels import native
 
-from conftest import backend_path, native_available
+from conftest import backend_path, check_output_invariants, native_available, triton_available
 
 
 def _call():
@@ -106,7 +106,7 @@ def test_the_torch_backend_never_builds_and_never_warns(monkeypatch, tmp_path):
         native.load.cache_clear()
 
 
-@pytest.mark.parametrize("name", ["torch"] + (["native"] if native_available() else []))
+@pytest.mark.parametrize("name", ["torch"] + (["native"] if native_available() else []) + (["triton"] if triton_available() else []))
 def test_bench_says_which_backend_ran(name, capsys):
     with backend_path(name):
         assert main(["bench", "--batch", "2", "--drafts", "1", "--vocab", "64", "--repeats", "1", "--modes", "greedy"]) == 0
@@ -114,3 +114,23 @@ def test_bench_says_which_backend_ran(name, capsys):
     config = json.loads(lines[-1])["config"]
     assert config["backend"] == name and config["kernels"].startswith(name)
     assert any(line.startswith(f"backend: {name}") for line in lines)
+
+
+def test_bench_refuses_a_device_it_cannot_use(capsys):
+    assert main(["bench", "--device", "nope"]) == 2
+    assert "--device 'nope' is not usable here" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["bench", "--device", "cuda"]) == 2
+        assert "--device 'cuda' is not usable here" in capsys.readouterr().err
+
+
+def test_every_backend_keeps_the_output_invariants(each_backend):
+    """One call with masks, padding and mixed rows on each backend: every SPEC §1 invariant holds (the
+    committed tokens are checked against `sample` on the same backend)."""
+    g = torch.Generator().manual_seed(9)
+    args = dict(
+        draft_tokens=torch.tensor([[3, -1, 7], [1, 2, 3], [0, 5, 9]]), target_logits=torch.randn(3, 4, 100, generator=g),
+        temperature=torch.tensor([0.8, 0.0, 1.1]), top_k=torch.tensor([10, -1, -1]), max_k=None, top_p=torch.tensor([0.9, 1.0, 0.7]),
+        min_top_p=None, seed=torch.tensor([5, 6, 7]), token_bitmasks=sv.pack_bitmask(torch.rand(3, 4, 100, generator=g) < 0.8),
+    )
+    check_output_invariants(args, sv.stochastic_acceptance_sampler(**args))

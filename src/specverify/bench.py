@@ -3,6 +3,9 @@
 Everything is timed in one process on the same logits, so the ratios hold even on a noisy machine:
 each case reports min and median over repeats, as a ratio to one `amax` pass over the logits (the
 physical read floor) and to one `torch.softmax`. The last line printed is one JSON object.
+On a GPU (`--device cuda`) each call is timed between two synchronisations, peak memory comes from
+torch.cuda's allocator statistics, and the torch reference path (SPECVERIFY_BACKEND=torch) and
+FlashInfer's samplers (when `flashinfer` is importable; a line says why when not) run beside it.
 """
 
 from __future__ import annotations
@@ -79,16 +82,75 @@ def sort_based_baseline(batch: Batch) -> torch.Tensor:
     return order.gather(1, race.argmax(-1, keepdim=True))[:, 0]
 
 
-def _verifier(batch: Batch, mode: str, validate: bool, greedy_only: bool = False) -> Callable[[], object]:
+def _verifier(batch: Batch, mode: str, validate: bool, greedy_only: bool = False, backend: str | None = None) -> Callable[[], object]:
+    """One verifier call on the batch; backend: force one (SPECVERIFY_BACKEND) for the call, else the device's."""
     temperature = torch.zeros_like(batch.temperature) if greedy_only else batch.temperature
     extra = {"draft_proposal": "sampled", "draft_probs_full": batch.draft_probs} if mode == "sampled" else {}
     if mode == "relaxed":  # every request in its thinking phase: top-3, delta 0.3
         extra = {"in_thinking_phase": torch.ones_like(batch.temperature, dtype=torch.bool), "relaxed_topk": 3,
                  "relaxed_delta": 0.3}
-    return lambda: stochastic_acceptance_sampler(
-        batch.draft_tokens, batch.target_logits, temperature, batch.top_k, None, batch.top_p, None, batch.seed,
-        validate=validate, **extra,
-    )
+
+    def run() -> object:
+        with _backend(backend):
+            return stochastic_acceptance_sampler(
+                batch.draft_tokens, batch.target_logits, temperature, batch.top_k, None, batch.top_p, None, batch.seed,
+                validate=validate, **extra,
+            )
+
+    return run
+
+
+@contextlib.contextmanager
+def _backend(name: str | None) -> Iterator[None]:
+    """Inside the block, SPECVERIFY_BACKEND is `name` (None: left as it is)."""
+    if name is None:
+        yield
+        return
+    saved = os.environ.get(kernels.ENVIRONMENT)
+    os.environ[kernels.ENVIRONMENT] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[kernels.ENVIRONMENT]
+        else:
+            os.environ[kernels.ENVIRONMENT] = saved
+
+
+def _flashinfer_cases(batch: Batch) -> tuple[dict[str, Callable[[], object]], str | None]:
+    """FlashInfer's sort-free samplers on the same inputs, where `flashinfer` imports (CUDA only): top-k/top-p
+    sampling from the logits of every position, and the chain speculative sampling of sampled drafts from
+    the target's probabilities (no per-request seeds, min-p or masks), timed with and without the softmax
+    that makes those probabilities. Returns (cases, why there are none)."""
+    if batch.target_logits.device.type != "cuda":
+        return {}, "FlashInfer runs on CUDA only"
+    try:
+        sampling = importlib.import_module("flashinfer.sampling")
+    except Exception as error:  # noqa: BLE001 - any import failure means: not available here
+        return {}, f"flashinfer is not importable ({type(error).__name__}: {error})"
+    requests, positions = batch.draft_tokens.shape
+    logits = batch.target_logits.float()
+    per_row = lambda t: t.repeat_interleave(positions + 1)  # noqa: E731
+    top_k, top_p = per_row(torch.where(batch.top_k > 0, batch.top_k, logits.shape[-1])).int(), per_row(batch.top_p).float()
+    target_probs = torch.softmax(logits, -1).view(requests, positions + 1, -1)
+    draft = batch.draft_tokens.int()
+
+    def chain(probs: torch.Tensor) -> object:
+        return sampling.chain_speculative_sampling(batch.draft_probs, draft, probs)
+
+    cases = {
+        "flashinfer top_k_top_p_sampling_from_logits": lambda: sampling.top_k_top_p_sampling_from_logits(logits, top_k, top_p),
+        "flashinfer chain_speculative_sampling": lambda: chain(target_probs),
+        "flashinfer softmax + chain_speculative_sampling": lambda: chain(torch.softmax(logits, -1).view(requests, positions + 1, -1)),
+    }
+    working = {}
+    for name, run in cases.items():
+        try:
+            run()
+            working[name] = run
+        except Exception as error:  # noqa: BLE001 - an API this version lacks: report, do not time
+            print(f"{name}: skipped ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+    return working, None
 
 
 def _max_verifier(batch: Batch) -> Callable[[], object] | None:
@@ -103,13 +165,17 @@ def _max_verifier(batch: Batch) -> Callable[[], object] | None:
     )
 
 
-def time_case(run: Callable[[], object], repeats: int) -> list[float]:
-    """Wall-clock seconds of each of `repeats` calls, after one warm-up call."""
+def time_case(run: Callable[[], object], repeats: int, device: torch.device = torch.device("cpu")) -> list[float]:
+    """Wall-clock seconds of each of `repeats` calls, after one warm-up call (on a GPU: from a synchronised
+    start to the synchronised end of the call's work)."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     run()
     times = []
     for _ in range(repeats):
+        synchronize()
         start = time.perf_counter()
         run()
+        synchronize()
         times.append(time.perf_counter() - start)
     return times
 
@@ -128,10 +194,20 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def peak_extra_bytes(run: Callable[[], object]) -> int:
-    """Peak bytes allocated during one call beyond what was allocated before it (CPU: via the profiler).
+def peak_extra_bytes(run: Callable[[], object], device: torch.device = torch.device("cpu")) -> int:
+    """Peak bytes allocated during one call beyond what was allocated before it (CPU: via the profiler;
+    CUDA: the caching allocator's statistics).
 
     The call runs on a fresh thread, so per-thread scratch buffers that later calls reuse are counted."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(device) - before
 
     def profiled() -> None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -172,9 +248,14 @@ def _kernels(logits: torch.Tensor) -> dict:
     return {"backend": backend, "kernels": text, "kernels_load_s": seconds}
 
 
-def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtype, modes: list[str], repeats: int) -> dict:
+def _on(batch: Batch, device: torch.device) -> Batch:
+    return Batch(**{name: value.to(device) for name, value in vars(batch).items()})
+
+
+def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtype, modes: list[str], repeats: int,
+                  device: torch.device = torch.device("cpu")) -> dict:
     """Time every case side by side; returns the results as a dict (also printed as a table)."""
-    batch = make_batch(batch_size, positions, vocab, dtype)
+    batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
     backend = _kernels(logits)
     cases: dict[str, Callable[[], object]] = {
@@ -191,19 +272,27 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
     if "greedy" in modes:
         cases["all greedy, validate=False"] = _verifier(batch, "argmax", validate=False, greedy_only=True)
         cases["all greedy, validate=True"] = _verifier(batch, "argmax", validate=True, greedy_only=True)
+    if backend["backend"] != "torch" and device.type != "cpu":  # on the CPU the torch path is too slow to time here
+        for mode in ("argmax", "sampled"):
+            if mode in modes:
+                cases[f"{mode}, torch reference path"] = _verifier(batch, mode, validate=False, backend="torch")
     if "sort" in modes:
         cases["sort-based baseline"] = lambda: sort_based_baseline(batch)
-    max_run = _max_verifier(batch)
+    max_run = _max_verifier(batch) if device.type == "cpu" else None
     if max_run is not None:
         cases["MAX stochastic_acceptance_sampler"] = max_run
-    times = {name: time_case(run, repeats) for name, run in cases.items()}
+    flashinfer, flashinfer_missing = _flashinfer_cases(batch)
+    cases.update(flashinfer)
+    times = {name: time_case(run, repeats, device) for name, run in cases.items()}
     floor = statistics.median(times["read floor (amax)"])
     softmax = statistics.median(times["torch.softmax"])
     logits_bytes = logits.numel() * logits.element_size()
     results = {
         "config": {"B": batch_size, "K": positions, "V": vocab, "dtype": str(dtype).replace("torch.", ""),
                    "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
-                   **backend},
+                   "device": str(device), "torch": torch.__version__, **backend,
+                   **({"device_name": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}),
+                   **({"flashinfer": flashinfer_missing} if flashinfer_missing and device.type == "cuda" else {})},
         "cases": {},
     }
     for name, seconds in times.items():
@@ -214,20 +303,23 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
             "x_softmax": statistics.median(seconds) / softmax,
         }
         if name.startswith(("argmax", "sampled", "relaxed", "all greedy")):
-            entry["peak_extra_x_logits"] = peak_extra_bytes(cases[name]) / logits_bytes
+            entry["peak_extra_x_logits"] = peak_extra_bytes(cases[name], device) / logits_bytes
         results["cases"][name] = entry
     return results
 
 
 def print_table(results: dict) -> None:
     config = results["config"]
-    print(f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']}, {config['threads']} threads, "
+    where = config.get("device_name", f"{config['threads']} threads")
+    print(f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']} on {config['device']} ({where}), "
           f"{config['repeats']} repeats, load average {config['load_average']:.2f}")
     print(f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
-    print(f"{'case':36s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
+    if "flashinfer" in config:
+        print(f"FlashInfer: not timed: {config['flashinfer']}")
+    print(f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
-        print(f"{name:36s} {entry['min_ms']:9.1f} {entry['median_ms']:10.1f} {entry['x_read_floor']:8.1f} "
+        print(f"{name:48s} {entry['min_ms']:9.3f} {entry['median_ms']:10.3f} {entry['x_read_floor']:8.1f} "
               f"{entry['x_softmax']:10.2f} {memory:>18s}")
 
 
@@ -240,6 +332,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated cases among argmax, sampled, relaxed, greedy, sort (default all)")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="where the logits live: cpu (default) or cuda (cuda:N)")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -252,9 +345,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if unknown:
         print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort)", file=sys.stderr)
         return 2
+    try:
+        device = torch.device(args.device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        print(f"specverify bench: error: --device {args.device!r} is not usable here ({str(error).splitlines()[0]})", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = run_benchmark(args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats)
+    results = run_benchmark(args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats, device)
     print_table(results)
     print(json.dumps(results))
     return 0

@@ -83,12 +83,14 @@ def native_available() -> bool:
 
 
 def triton_available() -> bool:
-    """Whether the Triton kernels can run here (on CPU tensors under Triton's interpreter)."""
+    """Whether the Triton kernels can run on CPU tensors here: triton installed and its interpreter chosen
+    (TRITON_INTERPRET=1, set above where there is no CUDA device; on a GPU machine the kernels are checked
+    on CUDA tensors by scripts/check_cuda.py instead)."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @contextlib.contextmanager

@@ -111,17 +111,21 @@ def search_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, floor, target
                      WEIGHTED: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr, SEARCH: tl.constexpr):
     """The largest bit pattern t such that the tail {w >= t, w >= floor} reaches the target: its count
     (WEIGHTED False) or its mass (True), in float64. floor: int64 bits [R]; target: float64 [R]; rows not
-    active are not searched. Returns int64 bits [R]; 0 where even the whole row falls short (keep all)."""
+    active are not searched. Returns int64 bits [R]; 0 where even the whole row falls short (keep all).
+    A count search stops early for rows whose chosen tail already holds exactly the target count: no value
+    lies between that candidate and the exact threshold, so both keep the same set."""
     prefix = tl.zeros([ROWS], tl.int64)
-    if tl.max(active.to(tl.int32), axis=0) > 0:
-        digits = tl.arange(0, RADIX).to(tl.int64)
-        for level in range(8):
+    done = ~active
+    digits = tl.arange(0, RADIX).to(tl.int64)
+    for level in range(8):
+        searching = valid & ~done
+        if tl.max(searching.to(tl.int32), axis=0) > 0:
             shift = 28 - 4 * level
             candidates = prefix[:, None] + (digits[None, :] << shift)  # [R, RADIX]
             tail = tl.zeros([ROWS, RADIX], tl.float64)
             for start in range(0, V, SEARCH):
                 cols = start + tl.arange(0, SEARCH).to(tl.int64)
-                x, inside = load_logits(x_ptr, row, cols, valid & active, V, m_ptr, W, HAS_MASK)
+                x, inside = load_logits(x_ptr, row, cols, searching, V, m_ptr, W, HAS_MASK)
                 w = weights_of(x, top, inverse)
                 keys = order_bits(w, inside)
                 keys = tl.where(keys >= floor[:, None], keys, -1)
@@ -131,8 +135,11 @@ def search_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, floor, target
                     amount = tl.where(keys >= 0, 1.0, 0.0).to(tl.float64)
                 reaches = keys[:, :, None] >= candidates[:, None, :]
                 tail += tl.sum(tl.where(reaches, amount[:, :, None], 0.0), axis=1)
-            chosen = tl.max(tl.where(tail >= target[:, None], digits[None, :], 0), axis=1)
+            chosen = tl.max(tl.where(searching[:, None] & (tail >= target[:, None]), digits[None, :], 0), axis=1)
             prefix = prefix + (chosen << shift)
+            if not WEIGHTED:
+                reached = tl.sum(tl.where(digits[None, :] == chosen[:, None], tail, 0.0), axis=1)
+                done = done | (searching & (reached == target))
     return tl.where(active, prefix, 0)
 
 

@@ -194,6 +194,25 @@ def test_top_p_crossing_token_tied(code_path, vocab):
     assert (got[1] > 0).sum() == len(groups[0]) + len(groups[1])
 
 
+def test_top_p_after_a_top_k_above_the_heap_limit(code_path):
+    """top_k > 4096 (where the compiled kernels select by radix instead of keeping a heap) with top_p: the
+    nucleus is counted on the distribution renormalised after top-k (k falls inside the second lowest tie
+    group, so only the lowest group, 5% of the mass, is dropped). top_p falls in the middle of each kept
+    tie group in turn."""
+    rng = np.random.default_rng(70)
+    vocab, temperature = 5000, 4.0
+    row = _quantised_logits(rng, vocab, levels=10, step=0.5)
+    groups = _tie_groups(row)
+    k = vocab - len(groups[-1]) - len(groups[-2]) // 2  # inside the second lowest group, above 4096
+    p = np.exp((row.astype(np.float64) - row.max()) / temperature)
+    kept_groups = groups[:-1]
+    mass_through = np.cumsum([p[group].sum() for group in kept_groups]) / sum(p[group].sum() for group in kept_groups)
+    top_p = [(lower + upper) / 2 for lower, upper in zip([0.0, *mass_through[:-1]], mass_through)][:-1]
+    n = len(top_p)
+    assert k > 4096 and p[groups[-1]].sum() / p.sum() > 0.04
+    assert _assert_matches_oracle(np.tile(row, (n, 1)), [temperature] * n, [k] * n, top_p) == n
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the verifier's own kept set, read exactly with an accept uniform of 0
 

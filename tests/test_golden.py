@@ -185,14 +185,10 @@ def test_verifier_golden_calls_in_every_layout_and_dtype(code_path, dtype):
 
 
 def _oracle_laws(logits: np.ndarray, allowed: np.ndarray) -> list[list[oracle.Law]]:
-    f32 = lambda v: float(np.float32(v))  # noqa: E731
-    return [
-        [
-            oracle.truncated_distribution(logits[b, j], f32(TEMPERATURE[b]), TOP_K[b], f32(TOP_P[b]), f32(MIN_P[b]), allowed[b, j])
-            for j in range(K + 1)
-        ]
-        for b in range(B)
-    ]  # fmt: skip
+    """The oracle's p~ of every (row, position): [B][K+1]."""
+    per_position = [np.repeat(values, K + 1) for values in (TEMPERATURE, TOP_K, TOP_P, MIN_P)]
+    flat = oracle.row_laws(logits.reshape(-1, V), *per_position, allowed.reshape(-1, V))
+    return [flat[b * (K + 1) : (b + 1) * (K + 1)] for b in range(B)]
 
 
 @pytest.mark.parametrize("mode, seeding", CASES)

@@ -41,6 +41,7 @@ def _quantised_logits(rng: np.random.Generator, shape, levels: int = 24, step: f
 
 
 def _as_tensors(temperature, top_k, top_p, min_p):
+    """Per-row parameters (lists or arrays [N]) as the tensors a caller passes; min_p may be None."""
     return (
         torch.as_tensor(np.asarray(temperature), dtype=torch.float32),
         torch.as_tensor(np.asarray(top_k), dtype=torch.int64),
@@ -49,25 +50,13 @@ def _as_tensors(temperature, top_k, top_p, min_p):
     )
 
 
-def _oracle_rows(logits, temperature, top_k, top_p, min_p=None, allowed=None) -> list[oracle.Law]:
-    """The oracle's law of every row, on the float32 parameters the library reads."""
-    f32 = lambda v: float(np.float32(v))  # noqa: E731
-    return [
-        oracle.truncated_distribution(
-            logits[n], f32(temperature[n]), int(top_k[n]), f32(top_p[n]), 0.0 if min_p is None else f32(min_p[n]),
-            None if allowed is None else allowed[n],
-        )
-        for n in range(len(logits))
-    ]  # fmt: skip
-
-
 def _assert_matches_oracle(logits, temperature, top_k, top_p, min_p=None, allowed=None) -> int:
     """truncated_probs has the oracle's kept set and probabilities on every clear row. Returns their count."""
     got = sv.truncated_probs(
         torch.as_tensor(logits), *_as_tensors(temperature, top_k, top_p, min_p),
         None if allowed is None else sv.pack_bitmask(torch.as_tensor(allowed)),
     ).double().numpy()  # fmt: skip
-    laws = _oracle_rows(logits, temperature, top_k, top_p, min_p, allowed)
+    laws = oracle.row_laws(logits, temperature, top_k, top_p, min_p, allowed)
     clear = [n for n, law in enumerate(laws) if law.margin > oracle.AMBIGUOUS]
     assert len(clear) >= MIN_CLEAR_SHARE * len(laws), f"only {len(clear)} of {len(laws)} rows are clear"
     for n in clear:
@@ -232,7 +221,7 @@ def test_verifier_kept_set_at_ties(code_path, vocab, validate):
     settings = [(1.0, k, 1.0, 0.0), (0.7, -1, 0.5, 0.0), (1.3, 2 * k, 0.9, 0.3), (1.0, vocab + 1, 1.0, 0.05)]
     sampled = [group if len(group) <= 12 else np.concatenate([group[:6], group[-6:]]) for group in groups[:4]]
     probes = np.concatenate(sampled + [rng.choice(np.concatenate(groups[4:]), 8, replace=False)])
-    laws = [oracle.truncated_distribution(row, t, tk, tp, mp) for t, tk, tp, mp in settings]
+    laws = oracle.row_laws(np.tile(row, (len(settings), 1)), *zip(*settings))
     assert all(law.margin > oracle.AMBIGUOUS for law in laws)
     cases = [(s, d) for s in range(len(settings)) for d in probes]
     rows = len(cases)
@@ -266,16 +255,9 @@ def _mixed_batch(rng: np.random.Generator, rows: int, positions: int, vocab: int
         top_p=rng.choice([1.0, 0.9, 0.6], size=rows),
         min_p=rng.choice([0.0, 0.05], size=rows),
     )
-    laws = [
-        [
-            oracle.truncated_distribution(
-                logits[b, j], float(np.float32(params["temperature"][b])), int(params["top_k"][b]),
-                float(np.float32(params["top_p"][b])), float(np.float32(params["min_p"][b])), allowed[b, j],
-            )
-            for j in range(positions + 1)
-        ]
-        for b in range(rows)
-    ]  # fmt: skip
+    per_position = {name: np.repeat(values, positions + 1) for name, values in params.items()}
+    flat = oracle.row_laws(logits.reshape(-1, vocab), **per_position, allowed=allowed.reshape(-1, vocab))
+    laws = [flat[b * (positions + 1) : (b + 1) * (positions + 1)] for b in range(rows)]
     return logits, allowed, params, laws
 
 
@@ -362,7 +344,7 @@ def test_sampled_mode_commits_the_oracle_law(code_path):
     """Drafts drawn from q: the token committed at position 0 follows the oracle's p~ (SPEC §1's
     guarantee); the classic mistake of recovering from p~ instead of max(0, p~ - q) is caught at the same n."""
     rng = np.random.default_rng(60)
-    n, vocab = 40_000, 70
+    n, vocab = 20_000, 70
     logits = _quantised_logits(rng, (1, 2, vocab), levels=16)
     law = oracle.truncated_distribution(logits[0, 0], 0.8, 9, 0.85, 0.02)
     assert law.margin > oracle.AMBIGUOUS

@@ -186,3 +186,23 @@ def sampled_row(
         return Verdict(tokens + [y.token], j, min(margin, y.margin * residual.sum()))
     bonus = inverse_cdf(laws[-1].probs, bonus_uniform)
     return Verdict(tokens + [bonus.token], len(draft), min(margin, laws[-1].margin, bonus.margin))
+
+
+def relaxed_row(masked_logits: np.ndarray, draft: list[int], topk: int, delta: float, bonus: Draw) -> Verdict:
+    """SPEC §3.4 (deliberately lossy): on softmax(masked logits) without temperature, accept d_j iff it is
+    among the `topk` most likely tokens and p(d_j) >= p(top-1) - delta; commit the top-1 at the first
+    rejection, or the bonus (drawn as in §3.1) when all are accepted. Ties in "most likely" go to the lower
+    id (the order of a stable sort; SPEC is silent). masked_logits: float [K+1, V] (-inf where masked)."""
+    tokens, margin = [], np.inf
+    for j, d in enumerate(draft):
+        x = np.asarray(masked_logits[j], dtype=np.float64)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        order = np.argsort(-p, kind="stable")
+        if d >= 0 and p[d] > 0:
+            margin = min(margin, abs(p[d] - (p[order[0]] - delta)))
+        if d >= 0 and p[d] > 0 and d in order[:topk] and p[d] >= p[order[0]] - delta:
+            tokens.append(d)
+            continue
+        return Verdict(tokens + [int(order[0])], j, margin)
+    return Verdict(tokens + [bonus.token], len(draft), min(margin, bonus.margin))

@@ -84,6 +84,15 @@ ARGMAX_DRAFT = [[48, 23, 29], [90, -1, -1], [34, 5, 26], [14, 55, 31], [0, 55, 7
 #: row 1, position 1 is all zero (no distribution) and row 3's first draft has q(d) == 0.
 SAMPLED_DRAFT = [[0, 80, 24], [3, 21, 39], [34, 72, 26], [74, 64, 30], [44, -1, -1]]
 
+#: argmax mode with thinking rows 0, 2 (greedy: stays greedy) and 3 under relaxed_topk = 3 and
+#: relaxed_delta = 0.02 (SPEC §3.4). Many logits tie at the top, so "the 3 most likely" takes the lower ids
+#: of a tie: row 0's drafts each rank 3rd (two tied with the top-1, one 0.015 below it), row 3's second
+#: draft ranks 3rd but lies more than 0.02 below the top-1.
+THINKING_DRAFT = [[54, 17, 70], [90, -1, -1], [34, 72, 33], [74, 14, 90], [0, 55, 74]]
+THINKING_ROWS = [True, False, True, True, False]
+RELAXED_TOPK, RELAXED_DELTA = 3, 0.02
+GOLDEN_THINKING = ([3, 1, 2, 1, 0], [[54, 17, 70, 93], [90, 59], [34, 72, 26], [74, 64], [53]])
+
 #: (mode, seeding) -> (first_rejected_idx, committed tokens of each row)
 GOLDEN_VERDICTS = {
     ("argmax", "per-request"): ([3, 1, 1, 2, 0], [[48, 23, 29, 93], [90, 59], [34, 72], [14, 55, 30], [53]]),
@@ -148,11 +157,12 @@ def _params():
     )
 
 
-def _run(mode: str, seed, logits: torch.Tensor, draft: torch.Tensor, allowed: np.ndarray, q: torch.Tensor | None):
+def _run(mode: str, seed, logits: torch.Tensor, draft: torch.Tensor, allowed: np.ndarray, q: torch.Tensor | None, **kwargs):
+    """The verifier on the golden parameters -> (first_rejected_idx, committed tokens of each row)."""
     temperature, top_k, top_p, min_p = _params()
     out = sv.stochastic_acceptance_sampler(
-        draft, logits, temperature, top_k, None, top_p, None, seed,
-        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)), draft_proposal=mode, draft_probs_full=q, min_p=min_p,
+        draft, logits, temperature, top_k, None, top_p, None, seed, token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
+        draft_proposal=mode, draft_probs_full=q, min_p=min_p, **kwargs,
     )  # fmt: skip
     tokens, count = sv.committed_tokens(*out)
     return out[0].tolist(), [row[:n] for row, n in zip(tokens.tolist(), count.tolist())]
@@ -162,12 +172,23 @@ CASES = sorted(GOLDEN_VERDICTS)
 
 
 @pytest.mark.parametrize("mode, seeding", CASES)
-def test_verifier_golden_calls(code_path, mode, seeding):
+@pytest.mark.parametrize("validate", [True, False])
+def test_verifier_golden_calls(code_path, mode, seeding, validate):
     logits, allowed = golden_inputs()
     draft = torch.tensor(ARGMAX_DRAFT if mode == "argmax" else SAMPLED_DRAFT)
     q = torch.as_tensor(golden_draft_probs(logits)) if mode == "sampled" else None
-    got = _run(mode, _seed_argument(mode, seeding), torch.as_tensor(logits), draft, allowed, q)
+    got = _run(mode, _seed_argument(mode, seeding), torch.as_tensor(logits), draft, allowed, q, validate=validate)
     assert got == GOLDEN_VERDICTS[mode, seeding]
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_verifier_golden_call_with_thinking_rows(code_path, validate):
+    logits, allowed = golden_inputs()
+    got = _run(
+        "argmax", _keys(SEEDS), torch.as_tensor(logits), torch.tensor(THINKING_DRAFT), allowed, None,
+        in_thinking_phase=torch.tensor(THINKING_ROWS), relaxed_topk=RELAXED_TOPK, relaxed_delta=RELAXED_DELTA, validate=validate,
+    )  # fmt: skip
+    assert got == GOLDEN_THINKING
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -211,6 +232,25 @@ def test_golden_verdicts_are_explained(mode, seeding):
         first.append(verdict.first_rejected)
         committed.append(verdict.tokens)
     assert (first, committed) == GOLDEN_VERDICTS[mode, seeding]
+
+
+def test_golden_thinking_call_is_explained():
+    """Thinking rows by the relaxed rule (oracle.relaxed_row) with their bonus drawn from p~ as in §3.1;
+    the other rows as argmax mode."""
+    logits, allowed = golden_inputs()
+    masked = np.where(allowed, logits, -np.inf)
+    first, committed = [], []
+    for b, (laws, s) in enumerate(zip(_oracle_laws(logits, allowed), SEEDS)):
+        uniforms = [mixer.keyed_uniform(s + j, mixer.STREAM_TARGET) for j in range(K + 1)]
+        if THINKING_ROWS[b] and TEMPERATURE[b] >= oracle.GREEDY_TEMPERATURE:
+            bonus = oracle.inverse_cdf(laws[K].probs, uniforms[K])
+            verdict = oracle.relaxed_row(masked[b], THINKING_DRAFT[b], RELAXED_TOPK, RELAXED_DELTA, bonus)
+        else:
+            verdict = oracle.argmax_row(laws, THINKING_DRAFT[b], uniforms)
+        assert verdict.margin > oracle.AMBIGUOUS, f"row {b} is too close to a boundary to explain"
+        first.append(verdict.first_rejected)
+        committed.append(verdict.tokens)
+    assert (first, committed) == GOLDEN_THINKING
 
 
 def test_sample_golden_values(code_path):

@@ -112,6 +112,12 @@ def test_oracle_draws_and_rules_on_hand_worked_cases():
     assert rejected.tokens == [0] and rejected.first_rejected == 0  # the residual max(0, p~ - q) is {0}
     assert oracle.sampled_row([law, law], [2], q, [0.0], [0.99], 0.9).tokens == [1]  # p~(2) == 0: rejected at u = 0
     assert oracle.argmax_row([law, law], [1], [0.7, 0.1]).tokens == [1, 0]
+    # SPEC §3.4's worked example: top-3 of [.05, .10, .20, .50, .10, .05] is {3, 2, 1}; draft 4 is rejected
+    logits = np.log([[0.05, 0.10, 0.20, 0.50, 0.10, 0.05]] * 2)
+    bonus = oracle.Draw(5, np.inf)
+    assert oracle.relaxed_row(logits, [1], 3, 0.45, bonus).tokens == [1, 5]
+    assert oracle.relaxed_row(logits, [4], 3, 0.45, bonus).tokens == [3]
+    assert oracle.relaxed_row(logits, [2], 3, 0.25, bonus).tokens == [3]  # 0.20 < 0.50 - 0.25
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -23,12 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: temperature below this: the row is greedy (SPEC §3.3).
-GREEDY_TEMPERATURE = 1e-5
+#: temperature below this: the row is greedy (SPEC §3.3). Temperatures are float32, and so is the bound
+#: they are compared with: a caller's 1e-5 (float32(1e-5), just below 1e-5 in float64) is not greedy.
+GREEDY_TEMPERATURE = float(np.float32(1e-5))
 #: Relative distances up to this are float64 rounding of an exact equality: the boundary is met.
 EXACT = 1e-9
 #: Relative distances up to this may be decided either way by float32 arithmetic.
 AMBIGUOUS = 1e-5
+#: A probability below this (half of float32's smallest subnormal) is 0 in float32 (SPEC §2 step 2).
+FLOAT32_UNDERFLOW = 2.0**-150
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,10 @@ def truncated_distribution(
         boundary = min_p * p.max()
         keep &= p >= boundary * (1 - EXACT)  # tokens exactly on the boundary are kept
         margin = min(margin, _boundary_margin(p[p > 0], boundary))
-    kept = np.where(keep, p, 0.0)  # step 6
-    return Law(kept / kept.sum(), margin)
+    kept = np.where(keep, p, 0.0)
+    probs = kept / kept.sum()  # step 6, where float32 holds no probability below FLOAT32_UNDERFLOW
+    margin = min(margin, _boundary_margin(probs[probs > 0], FLOAT32_UNDERFLOW))
+    return Law(np.where(probs < FLOAT32_UNDERFLOW, 0.0, probs), margin)
 
 
 def row_laws(logits, temperature, top_k, top_p, min_p=None, allowed=None) -> list[Law]:

@@ -129,7 +129,7 @@ def test_truncated_probs_matches_the_oracle(code_path, vocab):
     rng = np.random.default_rng(vocab)
     rows = 48 if vocab <= 1000 else 24
     logits = _quantised_logits(rng, (rows, vocab))
-    temperature = rng.choice([0.0, 0.4, 1.0, 2.0], size=rows)
+    temperature = rng.choice([0.0, 1e-5, 0.05, 0.4, 1.0, 2.0], size=rows)  # 1e-5 is not greedy; 0.05 underflows
     top_k = rng.choice([-1, 0, 1, 2, 5, 33, vocab // 2, vocab - 1, vocab, vocab + 3], size=rows)
     top_p = rng.choice([1.0, 0.95, 0.6, 0.3, 0.05], size=rows)
     min_p = rng.choice([0.0, 0.02, 0.3, 1.0], size=rows)

@@ -51,12 +51,7 @@ def _boundary_margin(values: np.ndarray, boundary: float) -> float:
 
 
 def truncated_distribution(
-    logits: np.ndarray,
-    temperature: float,
-    top_k: int = -1,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    allowed: np.ndarray | None = None,
+    logits: np.ndarray, temperature: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0, allowed=None
 ) -> Law:
     """SPEC §2 step by step for one (row, position). logits: float [V] (use the float32 values the library
     reads); allowed: bool [V] or None (the grammar mask, SPEC §5)."""

@@ -6,15 +6,19 @@ to it, so a truncation error shared by the verifier and its reference functions 
 
 The law is computed in float64 from the float32 logits the caller passes; the library computes in
 float32, so a decision that lies within float32 rounding of its boundary may go either way there. Every
-function therefore also returns a margin: the smallest relative distance of any decision it made from its
-boundary (inf when it made none). Tests compare only where the margin exceeds AMBIGUOUS, and check that
-such cases are the rare exception. Ties that are exact in the inputs (equal logits) are exact in both.
+function therefore also returns a margin: the smallest distance of any decision it made from its boundary,
+relative to that boundary (for draws: to the total mass), inf when it made none. Tests compare only where
+the margin exceeds AMBIGUOUS, and check that such cases are the rare exception. Ties that are exact in
+the inputs (equal logits) are exact in both. Where float32 itself defines the answer, the oracle follows
+SPEC §2's "computed in float32": temperatures are compared with float32(1e-5), and a probability below
+float32's range (2**-150) is 0.
 
 What the SPEC leaves to the implementation and the tests pin (so that a refactor cannot change a user's
 tokens unnoticed), written down here as the oracle does it:
 - a draw from weights w with uniform u is the inverse CDF in vocabulary order: the smallest id i with
   w[0] + ... + w[i] > u * sum(w), among ids with w > 0;
-- in "sampled" mode a padding position draws from p~ with the residual stream's uniform.
+- in "sampled" mode a padding position draws from p~ with the residual stream's uniform;
+- the relaxed rule's "k most likely" breaks ties by the lower id.
 """
 
 from __future__ import annotations

@@ -271,3 +271,26 @@ def test_golden_samples_are_explained():
         draws = [oracle.inverse_cdf(law.probs, mixer.keyed_uniform(s + j, mixer.STREAM_TARGET)) for j, law in enumerate(laws)]
         assert min(min(d.margin for d in draws), min(law.margin for law in laws)) > oracle.AMBIGUOUS
         assert [d.token for d in draws] == GOLDEN_SAMPLES[b]
+
+
+#: sample() over a vocabulary of three CDF blocks (the draw walks block sums, then one block): six rows
+#: of logits grid(4, [6, 3000]), keys with the high bit set -> the drawn ids.
+WIDE_VOCAB = 3000
+WIDE_PARAMS = ([2.0, 2.0, 1.0, 3.0, 0.5, 2.5], [-1, 2000, -1, 1500, -1, -1], [1.0, 1.0, 0.9, 1.0, 1.0, 0.95])
+WIDE_SEEDS = [2**63 + 1000 + 17 * n for n in range(6)]
+GOLDEN_WIDE_SAMPLES = [2014, 2762, 2520, 508, 184, 958]
+
+
+def test_sample_golden_values_over_several_blocks(code_path):
+    logits = grid(4, (len(WIDE_SEEDS), WIDE_VOCAB), levels=24, step=0.25)
+    temperature, top_k, top_p = (torch.tensor(values) for values in WIDE_PARAMS)
+    got = sv.sample(torch.as_tensor(logits), temperature, top_k, top_p, _keys(WIDE_SEEDS))
+    assert got.tolist() == GOLDEN_WIDE_SAMPLES
+
+
+def test_golden_wide_samples_are_explained():
+    logits = grid(4, (len(WIDE_SEEDS), WIDE_VOCAB), levels=24, step=0.25)
+    laws = oracle.row_laws(logits, *WIDE_PARAMS)
+    draws = [oracle.inverse_cdf(law.probs, mixer.keyed_uniform(s, mixer.STREAM_TARGET)) for law, s in zip(laws, WIDE_SEEDS)]
+    assert min(min(d.margin for d in draws), min(law.margin for law in laws)) > oracle.AMBIGUOUS
+    assert [d.token for d in draws] == GOLDEN_WIDE_SAMPLES

@@ -284,10 +284,15 @@ def _assert_rows_match(predictions: list[oracle.Verdict], first: list[int], comm
         assert (first[b], committed[b]) == (predictions[b].first_rejected, predictions[b].tokens), f"row {b}"
 
 
+#: (rows, vocab): one CDF block, and three (the draws walk block sums first)
+SIZES = [(300, 96), (60, 2100)]
+
+
 @pytest.mark.parametrize("shared", [False, True])
-def test_argmax_mode_rows_are_the_oracle_draws(code_path, shared):
+@pytest.mark.parametrize("rows, vocab", SIZES)
+def test_argmax_mode_rows_are_the_oracle_draws(code_path, shared, rows, vocab):
     rng = np.random.default_rng(40 + shared)
-    rows, positions, vocab = 300, 3, 96
+    positions = 3
     logits, allowed, params, laws = _mixed_batch(rng, rows, positions, vocab)
     seed = int(rng.integers(0, 2**63)) | (1 << 63) if shared else rng.integers(-(2**63), 2**63 - 1, rows)
     seeds = [mixer.MASK64 & (seed + b * 0x9E3779B97F4A7C15) for b in range(rows)] if shared else [s & mixer.MASK64 for s in seed.tolist()]
@@ -310,9 +315,10 @@ def _draft_from_q(rng: np.random.Generator, q: np.ndarray) -> np.ndarray:
     return np.where(cumulative[..., -1] > 0, np.minimum(ids, q.shape[-1] - 1), rng.integers(0, q.shape[-1], q.shape[:2]))
 
 
-def test_sampled_mode_rows_follow_the_ratio_test(code_path):
+@pytest.mark.parametrize("rows, vocab", SIZES)
+def test_sampled_mode_rows_follow_the_ratio_test(code_path, rows, vocab):
     rng = np.random.default_rng(50)
-    rows, positions, vocab = 300, 3, 96
+    positions = 3
     logits, allowed, params, laws = _mixed_batch(rng, rows, positions, vocab)
     draft_logits = logits[:, :positions] + rng.normal(0, 1, (rows, positions, vocab))
     q = np.exp(draft_logits - draft_logits.max(-1, keepdims=True))
@@ -338,7 +344,7 @@ def test_sampled_mode_rows_follow_the_ratio_test(code_path):
         )  # fmt: skip
     first, committed = _verify(logits, allowed, params, draft, torch.as_tensor(seed), draft_proposal="sampled", draft_probs_full=torch.as_tensor(q))
     _assert_rows_match(predictions, first, committed)
-    assert 0.2 < np.mean([f > 0 for f in first]) < 0.95  # the cases accept and reject
+    assert 0.05 < np.mean([f > 0 for f in first]) < 0.95  # the cases accept and reject
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -107,59 +107,80 @@ def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int) -> None:
         )
 
 
-def _where(index: list[int]) -> str:
-    """"row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V])."""
-    names = ("row", "position", "token") if len(index) == 3 else ("row", "token")
+def _where(index: list[int], second: str = "position") -> str:
+    """"row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V]); `second`
+    names the middle dim (a tree's logits have an "index" there, its draft_probs a "node")."""
+    names = ("row", second, "token") if len(index) == 3 else ("row", "token")
     return ", ".join(f"{name} {i}" for name, i in zip(names, index))
 
 
-def check_finite_logits(name: str, logits: torch.Tensor, some_finite: bool = False) -> None:
+def _in_use(bad: torch.Tensor, in_use: torch.Tensor | None) -> torch.Tensor:
+    """bad [B, P, ...] restricted to the (row, position) pairs in use (bool [B, P]; None: all)."""
+    return bad if in_use is None else bad & in_use.view(*in_use.shape, *[1] * (bad.dim() - in_use.dim()))
+
+
+def check_finite_logits(
+    name: str, logits: torch.Tensor, some_finite: bool = False, *, in_use: torch.Tensor | None = None,
+    second: str = "position",
+) -> None:  # fmt: skip
     """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V].
     some_finite: also require a finite logit at every (row, position), as check_some_allowed does.
+    in_use: bool [B, P] or None: only those (row, position) pairs are checked (None: every one).
+    second: the name of the middle dim in messages.
 
     One max reduction finds whether there is anything to report (it propagates NaN and +inf); only then
     is the offending entry located."""
     top = logits.amax(-1)
-    if bool((torch.isnan(top) | (top == float("inf"))).any()):
-        bad = torch.isnan(logits) | (logits == float("inf"))
+    if bool(_in_use(torch.isnan(top) | (top == float("inf")), in_use).any()):
+        bad = _in_use(torch.isnan(logits) | (logits == float("inf")), in_use)
         index = [int(i) for i in bad.nonzero()[0]]
-        raise ValueError(f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index)})")
+        raise ValueError(
+            f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index, second)})"
+        )
     if some_finite:
-        _check_not_empty(name, top)
+        _check_not_empty(name, top, in_use, second)
 
 
-def check_some_allowed(name: str, masked_logits: torch.Tensor) -> None:
+def check_some_allowed(
+    name: str, masked_logits: torch.Tensor, *, in_use: torch.Tensor | None = None, second: str = "position"
+) -> None:
     """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V].
 
-    name: the argument to blame, the bitmask when there is one, else the logits."""
-    _check_not_empty(name, masked_logits.amax(-1))
+    name: the argument to blame, the bitmask when there is one, else the logits. in_use, second: as in
+    check_finite_logits."""
+    _check_not_empty(name, masked_logits.amax(-1), in_use, second)
 
 
-def _check_not_empty(name: str, top: torch.Tensor) -> None:
+def _check_not_empty(name: str, top: torch.Tensor, in_use: torch.Tensor | None = None, second: str = "position") -> None:
     """top: the max logit of each (row, position) [B, P] or [N]; -inf means no token is left."""
-    empty = top == float("-inf")
+    empty = _in_use(top == float("-inf"), in_use)
     if bool(empty.any()):
         index = [int(i) for i in empty.nonzero()[0]]
-        where = _where(index + [0])[: -len(", token 0")]
+        where = _where(index + [0], second)[: -len(", token 0")]
         raise ValueError(f"{name} must leave at least one token with a finite logit (got none at {where})")
 
 
-def check_draft_probs(draft_probs: torch.Tensor) -> None:
-    """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V]."""
+def check_draft_probs(
+    draft_probs: torch.Tensor, *, name: str = "draft_probs_full", in_use: torch.Tensor | None = None,
+    second: str = "position",
+) -> None:  # fmt: skip
+    """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V].
+    name: the argument to blame; in_use: bool [B, K] or None, the rows checked (None: all); second: the
+    name of the middle dim in messages."""
     for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
+        bad = _in_use(bad, in_use)
         if bool(bad.any()):
-            row, position, token = (int(i) for i in bad.nonzero()[0])
+            index = [int(i) for i in bad.nonzero()[0]]
             raise ValueError(
-                f"draft_probs_full must be {rule} (got {draft_probs[row, position, token].item()} "
-                f"at row {row}, position {position}, token {token})"
+                f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
             )
     total = draft_probs.to(torch.float64).sum(-1)
-    normalised = ((total - 1).abs() <= 1e-3) | (total == 0)
-    if not bool(normalised.all()):
-        row, position = (int(i) for i in (~normalised).nonzero()[0])
+    abnormal = _in_use(~(((total - 1).abs() <= 1e-3) | (total == 0)), in_use)
+    if bool(abnormal.any()):
+        row, position = (int(i) for i in abnormal.nonzero()[0])
         raise ValueError(
-            "draft_probs_full rows must sum to 1 (within 1e-3) or be all zero "
-            f"(got a sum of {total[row, position].item():.6g} at row {row}, position {position})"
+            f"{name} rows must sum to 1 (within 1e-3) or be all zero "
+            f"(got a sum of {total[row, position].item():.6g} at row {row}, {second} {position})"
         )
 
 
@@ -232,3 +253,35 @@ def check_sampling_values(
     check_top_p(top_p)
     if min_p is not None:
         check_min_p(min_p)
+
+
+def check_tree_parents(parents: torch.Tensor, present: torch.Tensor) -> None:
+    """Each present node's parent is -1 (the root) or a present node with a smaller index (value check).
+    parents: int [B, N]; present: bool [B, N], the nodes that are not padding (SPEC §8)."""
+    nodes = torch.arange(parents.shape[-1], device=parents.device)
+    checked = present & (parents != -1)
+    for bad, rule in (
+        (checked & ((parents < 0) | (parents >= nodes)), "-1 (the root) or the index of an earlier node, in [-1, i) for node i"),
+        (checked & ~present.gather(-1, parents.clamp(0, max(parents.shape[-1] - 1, 0))), "a present node (not padding)"),
+    ):  # fmt: skip
+        if bool(bad.any()):
+            row, node = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"parents must be {rule} (got {int(parents[row, node])} at row {row}, node {node})")
+
+
+def check_sibling_draft_probs(draft_probs: torch.Tensor, parents: torch.Tensor, present: torch.Tensor) -> None:
+    """Siblings share one q: each present node's draft_probs row agrees within 1e-6 with that of its
+    first sibling (value check). draft_probs: float [B, N, V]; parents: int [B, N]; present: bool [B, N]."""
+    if draft_probs.shape[1] == 0 or draft_probs.shape[2] == 0:
+        return
+    siblings = (parents[:, :, None] == parents[:, None, :]) & present[:, None, :] & present[:, :, None]
+    first = siblings.to(torch.int8).argmax(-1)  # the lowest-index sibling (a node is its own sibling)
+    reference = draft_probs.gather(1, first[..., None].expand_as(draft_probs))
+    gap = (draft_probs.to(torch.float64) - reference.to(torch.float64)).abs().amax(-1)
+    unequal = present & (gap > 1e-6)
+    if bool(unequal.any()):
+        row, node = (int(i) for i in unequal.nonzero()[0])
+        raise ValueError(
+            "draft_probs rows of siblings must agree within 1e-6 "
+            f"(got a difference of {gap[row, node].item():.3g} between node {node} and node {int(first[row, node])} at row {row})"
+        )

@@ -1,4 +1,5 @@
-"""Side-by-side benchmark of the verifier against the read floor, softmax and a sort-based baseline.
+"""Side-by-side benchmark of the verifier against the read floor, softmax and a sort-based baseline, and
+of a tree verification (SPEC §8) against chains of the same depth and of as many nodes.
 
 Everything is timed in one process on the same logits, so the ratios hold even on a noisy machine:
 each case reports min and median over repeats, as a ratio to one `amax` pass over the logits (the
@@ -21,7 +22,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import native, stochastic_acceptance_sampler
+from . import native, stochastic_acceptance_sampler, tree_acceptance_sampler
 
 
 @dataclass
@@ -58,6 +59,25 @@ def make_batch(batch: int, positions: int, vocab: int, dtype: torch.dtype, seed:
     )
 
 
+#: Children per level of the benchmark's draft tree: N = TREE_WIDTH * depth nodes.
+TREE_WIDTH = 4
+
+
+def make_tree(batch: Batch, depth: int, width: int = TREE_WIDTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft tree per request for a Batch made with K = depth * width positions (so N + 1 logits rows per
+    request): at each of `depth` levels, the `width` most likely target tokens after the level's parent,
+    the first of them (the spine) being the parent of the next level (an EAGLE-style top-`width` expansion
+    along the best path). Returns (draft_tokens [B, N], parents [B, N]), int64."""
+    requests = batch.temperature.shape[0]
+    nodes = depth * width
+    logits = batch.target_logits.view(requests, nodes + 1, -1)
+    spine = torch.arange(depth) * width  # the first node of each level
+    parent_of_level = torch.cat([torch.tensor([-1]), spine[:-1]])
+    tokens = logits[:, parent_of_level + 1].float().topk(width, dim=-1).indices  # [B, depth, width]
+    parents = parent_of_level.repeat_interleave(width).expand(requests, nodes).contiguous()
+    return tokens.reshape(requests, nodes), parents
+
+
 def sort_based_baseline(batch: Batch) -> torch.Tensor:
     """What peers do (HF warpers, vLLM's native path): sort, cumulative sum, mask, softmax, and an
     exponential race. Returns one sampled token per position: int64 [B*(K+1)]."""
@@ -87,6 +107,14 @@ def _verifier(batch: Batch, mode: str, validate: bool, greedy_only: bool = False
     return lambda: stochastic_acceptance_sampler(
         batch.draft_tokens, batch.target_logits, temperature, batch.top_k, None, batch.top_p, None, batch.seed,
         validate=validate, **extra,
+    )
+
+
+def _tree_verifier(batch: Batch, draft_tokens: torch.Tensor, parents: torch.Tensor, validate: bool) -> Callable[[], object]:
+    """Argmax-mode tree verification of a Batch made with K = N positions."""
+    return lambda: tree_acceptance_sampler(
+        draft_tokens, parents, batch.target_logits, batch.temperature, batch.top_k, batch.top_p, batch.seed,
+        validate=validate,
     )
 
 
@@ -187,6 +215,18 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
         cases["all greedy, validate=True"] = _verifier(batch, "argmax", validate=True, greedy_only=True)
     if "sort" in modes:
         cases["sort-based baseline"] = lambda: sort_based_baseline(batch)
+    tree = {}
+    if "tree" in modes and positions > 0:
+        # a tree of N = 4K nodes and depth K beside the chains of the same depth (above) and of K = N
+        nodes = TREE_WIDTH * positions
+        wide = make_batch(batch_size, nodes, vocab, dtype, seed=1)
+        draft_tokens, parents = make_tree(wide, positions)
+        _, path_length, _ = tree_acceptance_sampler(draft_tokens, parents, wide.target_logits, wide.temperature,
+                                                    wide.top_k, wide.top_p, wide.seed)  # fmt: skip
+        tree = {"tree_nodes": nodes, "tree_depth": positions, "tree_mean_path_length": float(path_length.float().mean())}
+        for validate in (False, True):
+            cases[f"tree N={nodes} depth {positions}, validate={validate}"] = _tree_verifier(wide, draft_tokens, parents, validate)
+            cases[f"chain K={nodes}, validate={validate}"] = _verifier(wide, "argmax", validate)
     max_run = _max_verifier(batch)
     if max_run is not None:
         cases["MAX stochastic_acceptance_sampler"] = max_run
@@ -197,7 +237,7 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
     results = {
         "config": {"B": batch_size, "K": positions, "V": vocab, "dtype": str(dtype).replace("torch.", ""),
                    "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
-                   **kernels},
+                   **kernels, **tree},
         "cases": {},
     }
     for name, seconds in times.items():
@@ -218,6 +258,9 @@ def print_table(results: dict) -> None:
     print(f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']}, {config['threads']} threads, "
           f"{config['repeats']} repeats, load average {config['load_average']:.2f}")
     print(f"kernels: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
+    if "tree_nodes" in config:
+        print(f"tree: {config['tree_nodes']} nodes, depth {config['tree_depth']}, mean accepted path "
+              f"{config['tree_mean_path_length']:.2f} (argmax mode, logits of {config['tree_nodes'] + 1} rows per request)")
     print(f"{'case':36s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
@@ -230,8 +273,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafts", "-K", type=int, default=4, help="draft positions K (default 4)")
     parser.add_argument("--vocab", "-V", type=int, default=128256, help="vocabulary V (default 128256)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    parser.add_argument("--modes", default="argmax,sampled,relaxed,greedy,sort",
-                        help="comma-separated cases among argmax, sampled, relaxed, greedy, sort (default all)")
+    parser.add_argument("--modes", default="argmax,sampled,relaxed,greedy,sort,tree",
+                        help="comma-separated cases among argmax, sampled, relaxed, greedy, sort, tree (default "
+                             "all); tree: an argmax-mode tree of 4K nodes and depth K beside the chain of K = 4K")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
 
@@ -242,9 +286,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             print(f"specverify bench: error: --{name} must be >= {0 if name == 'drafts' else 1} (got {getattr(args, name)})", file=sys.stderr)
             return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = set(modes) - {"argmax", "sampled", "relaxed", "greedy", "sort"}
+    unknown = set(modes) - {"argmax", "sampled", "relaxed", "greedy", "sort", "tree"}
     if unknown:
-        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort)", file=sys.stderr)
+        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort, tree)", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

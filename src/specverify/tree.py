@@ -175,8 +175,10 @@ class _Walk:
     def run(self, validate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Walk every row from the root -> (path [B, N], path_length [B], next_token [B]), int64.
 
-        validate=True: each step judges only the rows still walking and the walk ends when none is
-        (host reads); False: N + 1 steps over every row, finished rows' results discarded."""
+        validate=True: each step judges the current node of the rows still walking, and the walk ends when
+        none is (host reads). validate=False cannot learn where rows stop: in argmax mode every node is
+        judged at once (one truncation of all N + 1 logits rows, as a chain of K = N would) and the walk
+        looks its steps up; in sampled mode N + 1 steps judge every row."""
         batch, nodes = self.draft.shape
         device = self.logits.device
         current = torch.full((batch,), -1, dtype=torch.int64, device=device)  # -1: the root
@@ -184,11 +186,16 @@ class _Walk:
         path = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
         next_token = torch.zeros(batch, dtype=torch.int64, device=device)
         all_rows = torch.arange(batch, device=device)
+        table = None if validate or self.draft_probs is not None else self._judge_every_node()
         for depth in range(nodes + 1):
-            rows = walking.nonzero()[:, 0] if validate else all_rows
-            if validate and rows.numel() == 0:
-                break
-            child, token = self._step(rows, current.index_select(0, rows), depth, validate)
+            if table is not None:
+                rows = all_rows
+                child, token = (t.gather(1, current[:, None] + 1)[:, 0] for t in table)
+            else:
+                rows = walking.nonzero()[:, 0] if validate else all_rows
+                if validate and rows.numel() == 0:
+                    break
+                child, token = self._step(rows, current.index_select(0, rows), depth, validate)
             chosen = torch.full_like(current, -1).index_copy(0, rows, child)
             descend = walking & (chosen >= 0)
             stop = walking & ~descend
@@ -199,6 +206,18 @@ class _Walk:
             walking = descend
         return path, (path >= 0).sum(-1), next_token
 
+    def _judge_every_node(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Argmax mode at every index at once, each keyed by its depth -> (child, token), int64 [B, N+1]:
+        what _step gives at the node whose children index x scores (x = 0: the root)."""
+        batch, nodes = self.draft.shape
+        device = self.logits.device
+        rows = torch.arange(batch, device=device).repeat_interleave(nodes + 1)
+        current = torch.arange(-1, nodes, device=device).repeat(batch)
+        depth = torch.cat([torch.zeros_like(self.draft[:, :1]), _node_depths(self.parents) + 1], dim=1)
+        logits = self.logits.reshape(batch * (nodes + 1), -1)
+        child, token = self._step(rows, current, depth.reshape(-1), validate=False, logits=logits)
+        return child.view(batch, nodes + 1), token.view(batch, nodes + 1)
+
     def _children(self, rows: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """bool [R, N]: the present nodes whose parent is the current node (a smaller index)."""
         nodes = torch.arange(self.draft.shape[1], device=rows.device)
@@ -206,13 +225,19 @@ class _Walk:
         present = self.draft.index_select(0, rows) >= 0
         return present & (parents == current[:, None]) & (nodes > current[:, None])
 
-    def _step(self, rows: torch.Tensor, current: torch.Tensor, depth: int, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Judge the children of each row's current node. rows: int64 [R]; current: int64 [R] (-1: root).
+    def _step(
+        self, rows: torch.Tensor, current: torch.Tensor, depth: int | torch.Tensor, validate: bool,
+        logits: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Judge the children of each row's current node. rows: int64 [R]; current: int64 [R] (-1: root);
+        depth: the walk's depth there (int, or int64 [R]); logits: [R, V], the logits rows of those nodes
+        when already at hand (else gathered).
 
         Returns (child int64 [R]: the node descended into, -1 to stop; token int64 [R]: the token committed
         when stopping)."""
         index = current + 1
-        logits = self.logits[rows, index]
+        if logits is None:
+            logits = self.logits[rows, index]  # (index_select copies rows of this size far more slowly)
         if self.token_bitmasks is not None:
             logits = apply_bitmask(logits, self.token_bitmasks[rows, index])
         pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
@@ -232,11 +257,25 @@ class _Walk:
         nodes = self.draft.shape[1]
         ranks = int(children.sum(-1).max()) if validate else (nodes if depth == 0 else nodes - depth)
         child, token = _sampled_step(
-            weights, sums, children, drafted, self.draft_probs.index_select(0, rows), keys, target_sample,
-            ranks, self.without_replacement,
+            weights, sums, children, drafted, self.draft_probs, rows, keys, target_sample, ranks,
+            self.without_replacement,
         )  # fmt: skip
         greedy = is_greedy(pick(self.temperature))  # greedy rows follow the argmax in either mode
         return torch.where(greedy, argmax_child, child), torch.where(greedy, target_sample, token)
+
+
+def _node_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Each node's depth (the root's children: 0), by pointer jumping; a node whose parent is not an
+    earlier node counts as a child of the root (it is never walked into). parents: int64 [B, N] -> [B, N]."""
+    batch, nodes = parents.shape
+    linked = (parents >= 0) & (parents < torch.arange(nodes, device=parents.device))
+    root = torch.full((batch, 1), nodes, dtype=torch.int64, device=parents.device)  # a column for the root
+    up = torch.cat([torch.where(linked, parents, nodes), root], dim=1)
+    depth = torch.cat([linked.to(torch.int64), torch.zeros_like(root)], dim=1)
+    for _ in range(max(nodes, 1).bit_length()):  # 2**steps ancestors >= N: every chain reaches the root
+        depth = depth + depth.gather(1, up)
+        up = up.gather(1, up)
+    return depth[:, :nodes]
 
 
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
@@ -252,6 +291,7 @@ def _sampled_step(
     children: torch.Tensor,
     drafted: torch.Tensor,
     draft_probs: torch.Tensor,
+    rows: torch.Tensor,
     keys: torch.Tensor,
     leaf_sample: torch.Tensor,
     ranks: int,
@@ -260,7 +300,8 @@ def _sampled_step(
     """The sampled rule at one node per row (module docstring): (child [R] or -1, token [R]).
 
     weights: float32 [R, V], p~ unnormalised, with sums: float64 [R, blocks], their block sums;
-    children: bool [R, N]; drafted: int64 [R, N], the row's node tokens; draft_probs: float [R, N, V];
+    children: bool [R, N]; drafted: int64 [R, N], the row's node tokens; draft_probs: float [B, N, V] and
+    rows: int64 [R], the batch row of each;
     keys: int64 [R], s_b + depth; leaf_sample: int64 [R], the target-stream draw (a leaf's bonus);
     ranks: an upper bound on the children per row.
     """
@@ -269,7 +310,7 @@ def _sampled_step(
         return torch.full_like(count, -1), leaf_sample
     order = torch.sort((~children).to(torch.int8), dim=-1, stable=True).indices  # children first, by index
     first = order[:, 0]
-    q = draft_probs[torch.arange(len(first), device=first.device), first]  # the children's q: [R, V]
+    q = draft_probs[rows, first]  # the children's q: [R, V]
     token_of = lambda node: drafted.gather(1, node[:, None])[:, 0]  # noqa: E731
     first_token = torch.where(count > 0, token_of(first), -1)
     residual_uniforms = keyed_uniform(keys, STREAM_RESIDUAL)

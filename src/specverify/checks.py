@@ -47,6 +47,42 @@ def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.dev
             )
 
 
+def check_logits_3d(target_logits: object, batch: int, count: int, positions: str = "K") -> torch.Tensor:
+    """target_logits as [B, P+1, V] (a view), from [B*(P+1), V] or [B, P+1, V], where P = count is K draft
+    positions for a chain, N nodes for a tree (`positions` names it in messages)."""
+    check_tensor("target_logits", target_logits, FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor")
+    shape = list(target_logits.shape)
+    if target_logits.dim() == 2 and shape[0] == batch * (count + 1) and shape[1] >= 1:
+        return target_logits.view(batch, count + 1, shape[1])
+    if target_logits.dim() == 3 and shape[:2] == [batch, count + 1] and shape[2] >= 1:
+        return target_logits
+    raise ValueError(
+        f"target_logits must have shape [B*({positions}+1), V] = [{batch * (count + 1)}, V] or "
+        f"[B, {positions}+1, V] = [{batch}, {count + 1}, V] with V >= 1 (got {shape})"
+    )
+
+
+def check_masks_and_draft_probs(
+    token_bitmasks: object, draft_proposal: str, draft_probs: object, probs_name: str, batch: int, count: int,
+    vocab: int, words: int, positions: str = "K",
+) -> None:  # fmt: skip
+    """Metadata of token_bitmasks (int32 [B, P+1, words] or None) and of the draft distributions, named
+    `probs_name` (float [B, P, V]: required when draft_proposal is "sampled", an error when "argmax").
+    P = count, named `positions` in messages (K for a chain, N for a tree)."""
+    if token_bitmasks is not None:
+        layout = f"[B, {positions}+1, ceil(V/32)]"
+        check_tensor("token_bitmasks", token_bitmasks, (torch.int32,), f"an int32 tensor {layout}")
+        check_shape("token_bitmasks", token_bitmasks, (batch, count + 1, words), layout)
+    if draft_proposal == "sampled":
+        if draft_probs is None:
+            raise ValueError(f'{probs_name} is required when draft_proposal="sampled" (got None)')
+        layout = f"[B, {positions}, V]"
+        check_tensor(probs_name, draft_probs, FLOAT_DTYPES + (torch.float64,), f"a float tensor {layout}")
+        check_shape(probs_name, draft_probs, (batch, count, vocab), layout)
+    elif draft_probs is not None:
+        raise ValueError(f'{probs_name} must be None when draft_proposal="argmax" (got a tensor)')
+
+
 def check_int(name: str, value: object, minimum: int | None = None) -> int:
     """A Python int (or 0-d integer tensor) >= minimum."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point:

@@ -78,7 +78,7 @@ def tree_acceptance_sampler(
     batch, nodes = draft_tokens.shape
     checks.check_tensor("parents", parents, checks.INDEX_DTYPES, "an int32 or int64 tensor [B, N]")
     checks.check_shape("parents", parents, (batch, nodes), "[B, N]")
-    logits = _logits_3d(target_logits, batch, nodes)
+    logits = checks.check_logits_3d(target_logits, batch, nodes, positions="N")
     vocab, device = logits.shape[-1], logits.device
     if draft_proposal not in DRAFT_PROPOSALS:
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
@@ -86,16 +86,9 @@ def tree_acceptance_sampler(
         raise ValueError(f'sibling_draws must be "with_replacement" or "without_replacement" (got {sibling_draws!r})')
     temperature, top_k, top_p, min_p = checks.check_sampling_params(temperature, top_k, top_p, min_p, batch, device, "[B]")
     seed, shared_seed = checks.check_seed(seed, batch, device)
-    if token_bitmasks is not None:
-        checks.check_tensor("token_bitmasks", token_bitmasks, (torch.int32,), "an int32 tensor [B, N+1, ceil(V/32)]")
-        checks.check_shape("token_bitmasks", token_bitmasks, (batch, nodes + 1, num_words(vocab)), "[B, N+1, ceil(V/32)]")
-    if draft_proposal == "sampled":
-        if draft_probs is None:
-            raise ValueError('draft_probs is required when draft_proposal="sampled" (got None)')
-        checks.check_tensor("draft_probs", draft_probs, checks.FLOAT_DTYPES + (torch.float64,), "a float tensor [B, N, V]")
-        checks.check_shape("draft_probs", draft_probs, (batch, nodes, vocab), "[B, N, V]")
-    elif draft_probs is not None:
-        raise ValueError('draft_probs must be None when draft_proposal="argmax" (got a tensor)')
+    checks.check_masks_and_draft_probs(
+        token_bitmasks, draft_proposal, draft_probs, "draft_probs", batch, nodes, vocab, num_words(vocab), positions="N"
+    )
     checks.check_same_device(
         {"draft_tokens": draft_tokens, "parents": parents, "token_bitmasks": token_bitmasks, "draft_probs": draft_probs},
         device,
@@ -111,20 +104,6 @@ def tree_acceptance_sampler(
         per_row_seeds(seed, shared_seed, batch, device), draft_probs, sibling_draws == "without_replacement",
     )  # fmt: skip
     return walk.run(validate)
-
-
-def _logits_3d(target_logits: object, batch: int, nodes: int) -> torch.Tensor:
-    """target_logits as [B, N+1, V] (a view), from [B*(N+1), V] or [B, N+1, V]."""
-    checks.check_tensor("target_logits", target_logits, checks.FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor")
-    shape = list(target_logits.shape)
-    if target_logits.dim() == 2 and shape[0] == batch * (nodes + 1) and shape[1] >= 1:
-        return target_logits.view(batch, nodes + 1, shape[1])
-    if target_logits.dim() == 3 and shape[:2] == [batch, nodes + 1] and shape[2] >= 1:
-        return target_logits
-    raise ValueError(
-        f"target_logits must have shape [B*(N+1), V] = [{batch * (nodes + 1)}, V] or "
-        f"[B, N+1, V] = [{batch}, {nodes + 1}, V] with V >= 1 (got {shape})"
-    )
 
 
 def _check_values(

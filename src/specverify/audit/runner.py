@@ -217,15 +217,25 @@ def contract_problems(
     return problems
 
 
+def batched_call(
+    verifier: Verifier, scenario, rows: int, seed: int, device: str, draw: Callable, arguments: Callable
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], float]:
+    """Draw the drafts (draw(scenario, rows, rng)) and a seed per row, make the one batched call with
+    arguments(scenario, drafts, seeds, device) -> (drafts, the verifier's three outputs, seconds)."""
+    rng = _scenario_rng(scenario, seed)
+    drafts = draw(scenario, rows, rng)
+    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
+    positional, optional = arguments(scenario, drafts, seeds, device)
+    start = time.perf_counter()
+    outputs = tuple(out.numpy() for out in verifier(*positional, **optional))
+    return drafts, outputs, time.perf_counter() - start
+
+
 def observe(verifier: Verifier, scenario: Scenario, rows: int, seed: int, device: str = "cpu") -> Observation:
     """Draw the drafts and seeds, make the one batched call, and collect what each row committed."""
-    rng = _scenario_rng(scenario, seed)
-    drafts = draw_drafts(scenario, rows, rng)
-    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
-    positional, optional = verifier_arguments(scenario, drafts, seeds, device)
-    start = time.perf_counter()
-    first, recovered, bonus = (out.numpy() for out in verifier(*positional, **optional))
-    seconds = time.perf_counter() - start
+    drafts, (first, recovered, bonus), seconds = batched_call(
+        verifier, scenario, rows, seed, device, draw_drafts, verifier_arguments
+    )
     problems = tuple(contract_problems(drafts, first, recovered, bonus, scenario.vocab))
     K = scenario.positions
     committed = np.full((rows, K + 1), -1, dtype=np.int64)

@@ -13,7 +13,6 @@ The report reads a tree scenario as it reads a chain: its "positions" are the N 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from .exact import GREEDY_TEMPERATURE, tree_node_law, truncated_distribution
-from .runner import Observation, ScenarioResult, judge
+from .runner import Observation, ScenarioResult, batched_call, judge
 from .scenarios import BOUNDARY_MARGIN, Laws, _draft_probs, _grammar_mask, _rng, _small_logits
 from .verifier import DEFAULT_TREE_VERIFIER, DEFAULT_VERIFIER, Verifier, load_verifier
 
@@ -262,15 +261,9 @@ def observe_tree(verifier: Verifier, scenario: TreeScenario, rows: int, seed: in
 
     Observation.first is the path length; committed [rows, N+1] holds at column x the token committed at
     index x by the rows whose walk reached it, -1 elsewhere."""
-    from .runner import _scenario_rng
-
-    rng = _scenario_rng(scenario, seed)
-    drafts = draw_tree_drafts(scenario, rows, rng)
-    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
-    positional, optional = tree_arguments(scenario, drafts, seeds, device)
-    start = time.perf_counter()
-    path, length, token = (out.numpy() for out in verifier(*positional, **optional))
-    seconds = time.perf_counter() - start
+    drafts, (path, length, token), seconds = batched_call(
+        verifier, scenario, rows, seed, device, draw_tree_drafts, tree_arguments
+    )
     nodes = scenario.positions
     problems = tuple(tree_contract_problems(drafts, scenario.parents, path, length, token, scenario.vocab))
     committed = np.full((rows, nodes + 1), -1, dtype=np.int64)

@@ -202,15 +202,20 @@ def check_draft_probs(
 ) -> None:  # fmt: skip
     """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V].
     name: the argument to blame; in_use: bool [B, K] or None, the rows checked (None: all); second: the
-    name of the middle dim in messages."""
-    for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
-        bad = _in_use(bad, in_use)
-        if bool(bad.any()):
-            index = [int(i) for i in bad.nonzero()[0]]
-            raise ValueError(
-                f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
-            )
-    total = draft_probs.to(torch.float64).sum(-1)
+    name of the middle dim in messages.
+
+    Two reductions find whether anything is wrong (a sum is finite and a minimum >= 0 only if every entry
+    is finite and >= 0); only then is the offending entry located."""
+    total = draft_probs.sum(-1, dtype=torch.float64)
+    lowest = draft_probs.amin(-1) if draft_probs.shape[-1] else total
+    if bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any()):
+        for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
+            bad = _in_use(bad, in_use)
+            if bool(bad.any()):
+                index = [int(i) for i in bad.nonzero()[0]]
+                raise ValueError(
+                    f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
+                )
     abnormal = _in_use(~(((total - 1).abs() <= 1e-3) | (total == 0)), in_use)
     if bool(abnormal.any()):
         row, position = (int(i) for i in abnormal.nonzero()[0])
@@ -313,7 +318,8 @@ def check_sibling_draft_probs(draft_probs: torch.Tensor, parents: torch.Tensor, 
     siblings = (parents[:, :, None] == parents[:, None, :]) & present[:, None, :] & present[:, :, None]
     first = siblings.to(torch.int8).argmax(-1)  # the lowest-index sibling (a node is its own sibling)
     reference = draft_probs.gather(1, first[..., None].expand_as(draft_probs))
-    gap = (draft_probs.to(torch.float64) - reference.to(torch.float64)).abs().amax(-1)
+    # in float32 (or the input's float64): the difference of two close floats is exact
+    gap = torch.sub(draft_probs, reference, out=reference).abs_().amax(-1).to(torch.float64)
     unequal = present & (gap > 1e-6)
     if bool(unequal.any()):
         row, node = (int(i) for i in unequal.nonzero()[0])

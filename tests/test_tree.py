@@ -171,9 +171,12 @@ def test_no_nodes_commits_one_plain_sample(proposal):
     params = _params(rng, batch)
     extra = dict(draft_proposal="sampled", draft_probs=torch.zeros(batch, 0, V)) if proposal == "sampled" else {}
     empty = torch.zeros(batch, 0, dtype=torch.int64)
+    with forbid_host_reads():
+        unchecked = sv.tree_acceptance_sampler(empty, empty, logits, **params, **extra, validate=False)
     path, length, token = sv.tree_acceptance_sampler(empty, empty, logits, **params, **extra)
     assert path.shape == (batch, 0) and (length == 0).all()
     assert torch.equal(token, sv.sample(logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], min_p=params["min_p"]))
+    assert all(torch.equal(x, y) for x, y in zip((path, length, token), unchecked))
     assert sv.tree_committed_tokens(empty, path, length, token)[0].tolist() == token[:, None].tolist()
 
 

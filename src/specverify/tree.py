@@ -192,7 +192,8 @@ class _Walk:
         device = self.logits.device
         rows = torch.arange(batch, device=device).repeat_interleave(nodes + 1)
         current = torch.arange(-1, nodes, device=device).repeat(batch)
-        depth = torch.cat([torch.zeros_like(self.draft[:, :1]), _node_depths(self.parents) + 1], dim=1)
+        root = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        depth = torch.cat([root, _node_depths(self.parents) + 1], dim=1)
         logits = self.logits.reshape(batch * (nodes + 1), -1)
         child, token = self._step(rows, current, depth.reshape(-1), validate=False, logits=logits)
         return child.view(batch, nodes + 1), token.view(batch, nodes + 1)

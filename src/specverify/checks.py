@@ -132,14 +132,14 @@ def check_min_p(min_p: torch.Tensor) -> None:
     check_rows("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "in [0, 1]")
 
 
-def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int) -> None:
-    """Ids in [-1, V) (value check). draft_tokens: int [B, K]."""
+def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int, second: str = "position") -> None:
+    """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node")."""
     bad = (draft_tokens < -1) | (draft_tokens >= vocab_size)
     if bool(bad.any()):
         row, position = (int(i) for i in bad.nonzero()[0])
         raise ValueError(
             f"draft_tokens must be in [-1, {vocab_size}) (got {int(draft_tokens[row, position])} "
-            f"at row {row}, position {position})"
+            f"at row {row}, {second} {position})"
         )
 
 

@@ -3,8 +3,10 @@
 A row's draft is a tree of N nodes; index 0 of the logits scores the root's children, index i+1 those of
 node i. The walk starts at the root; at depth j it judges the children of the current node with keys
 (s_b + j, stream) and either descends into one child or commits a token and stops. Every step is batched
-over the rows still walking; only the logits rows on the walk are ever truncated (at most depth + 1 of the
-N + 1 per row), so the cost follows the depth, not the node count.
+over the rows still walking; only the logits rows on the walk are truncated (at most depth + 1 of the
+N + 1 per row), so the cost follows the depth, not the node count. (With validate=False nothing may be
+read back to learn where rows stop: argmax mode then judges every node in one truncation and looks the
+walk up; sampled mode runs N + 1 steps over every row.)
 
 What one step does at the current node (p~ its truncated target, SPEC §2):
 - "argmax" (and every greedy row, in either mode): draw y ~ p~ (target stream; the argmax for greedy
@@ -15,7 +17,7 @@ What one step does at the current node (p~ its truncated target, SPEC §2):
   child is rejected a draw from r is committed (residual stream; p~ when r has no mass).
 - a leaf (no child): the bonus, a draw from p~ (target stream).
 Rank 0 is judged by `verdicts.sampled_verdict`, the chain's own rule, so a tree whose nodes form one chain
-gives the chain verifier's results bit for bit; later ranks carry r in float64.
+gives the chain verifier's results bit for bit; later ranks carry r and q as float32 rows.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ def tree_acceptance_sampler(
     it), required for "sampled" and an error for "argmax"; sibling_draws: "with_replacement" (siblings
     drawn i.i.d. from q) or "without_replacement" (each from q without the earlier siblings), checked in
     every mode and used only by "sampled".
-    validate: check every value (SPEC §6); False reads nothing back to the host. Without host reads the
-    walk cannot learn where the rows stop, so it then runs N + 1 steps over every row (cost ~ N); with
-    validate=True it runs only as deep as some row still walks, over the rows still walking.
+    validate: check every value (SPEC §6) at every index in use; False reads nothing back to the host.
+    validate=True walks only as deep as some row still walks, over the rows still walking (cost ~ depth).
+    Without host reads the walk cannot learn where rows stop: validate=False judges every node in one
+    truncation in argmax mode (the cost of a chain of K = N) and runs N + 1 steps over every row in
+    sampled mode (each up to N - depth siblings deep).
 
     Returns int64 tensors on the device of target_logits: path [B, N] (the accepted nodes from depth 0
     down, -1 after them), path_length [B], next_token [B] (the recovered token or the bonus). Row b commits
@@ -119,11 +123,7 @@ def _check_values(
 ) -> None:
     """The value rules of SPEC §6/§8 (host reads). Logits, masks and q are checked only where in use:
     index 0 and index i+1 of every present node i."""
-    vocab = logits.shape[-1]
-    bad = (draft < -1) | (draft >= vocab)
-    if bool(bad.any()):
-        row, node = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"draft_tokens must be in [-1, {vocab}) (got {int(draft[row, node])} at row {row}, node {node})")
+    checks.check_draft_ids(draft, logits.shape[-1], second="node")
     present = draft >= 0
     checks.check_tree_parents(parents, present)
     in_use = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)

@@ -193,11 +193,16 @@ def test_validate_false_reads_nothing_back_and_gives_the_same_outputs(code_path,
     args = _random_tree_args(seed=10)
     if proposal == "sampled":
         batch, nodes = args["draft_tokens"].shape
-        args.update(draft_proposal="sampled", draft_probs=torch.full((batch, nodes, V), 1.0 / V))
+        # siblings share q: each node's q is a random law of its parent's index
+        laws = torch.softmax(torch.randn(batch, nodes + 1, V, generator=torch.Generator().manual_seed(1)), -1)
+        parent_index = (args["parents"] + 1).clamp(0, nodes)
+        args.update(draft_proposal="sampled", draft_probs=laws.gather(1, parent_index[..., None].expand(-1, -1, V)).contiguous())
+    before = snapshot(args)
     checked = sv.tree_acceptance_sampler(**args)
     with forbid_host_reads():
         unchecked = sv.tree_acceptance_sampler(**args, validate=False)
     assert all(torch.equal(x, y) for x, y in zip(checked, unchecked))
+    assert_untouched(args, before)
 
 
 def test_validate_false_treats_out_of_range_ids_and_parents_as_padding():

@@ -315,55 +315,46 @@ def _later_siblings(
     weights, sums, count, order, token_of, q, first_token, first_accepted, keys, residual_uniforms, ranks,
     without_replacement,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Ranks 1.. of the sampled rule for rows whose first child was rejected, r and q carried in float32
-    (edited in place: a few passes over [R, V] per rank).
+    """Ranks 1.. of the sampled rule for rows whose first child was rejected.
 
+    r is carried unnormalised, as a float32 row `residual` edited in place and its mass (r = residual /
+    mass), and q as a float32 row `proposal` and a scale (q = proposal * scale): a rejection costs one
+    subtraction, one clamp and one sum over V; q's renormalisation (without replacement) costs nothing.
     Returns (child [R] or -1, token [R]: the accepted child's token, or the draw from the final residual
     when every child was rejected). Shapes as in _sampled_step; order: int64 [R, N], children first."""
     target = weights / sums.sum(-1, keepdim=True).float()  # p~ as truncated_probs gives it
     residual = target.clone()
+    mass = residual.sum(-1, dtype=torch.float64)
     proposal = torch.where((count >= 2)[:, None], q, 0.0).float()  # a copy; q of other rows is never read
+    scale = torch.ones_like(mass)
+    left = proposal.sum(-1, dtype=torch.float64)  # q's mass, while q loses tokens (without replacement)
     child = torch.full_like(count, -1)
     token = torch.zeros_like(count)
     rejected, last = ~first_accepted & (count >= 1), first_token
+    column = lambda values, tokens: values.gather(1, tokens[:, None])[:, 0].double()  # noqa: E731
     for rank in range(1, ranks + 1):
-        _after_rejection(residual, proposal, last, rejected, without_replacement)
+        # r = max(0, r - q) renormalised, or r without the token where q(token) == 0 (judged without q)
+        at = last.clamp(min=0)
+        blind = column(proposal, at) * scale <= 0
+        residual.addcmul_(proposal, torch.where(rejected & ~blind, mass * scale, 0.0).float()[:, None], value=-1)
+        residual.clamp_(min=0).scatter_(1, at[:, None], torch.where(rejected & blind, 0.0, column(residual, at)).float()[:, None])
+        mass = residual.sum(-1, dtype=torch.float64)
+        if without_replacement:  # q loses the token, renormalised
+            left = torch.where(rejected, left - column(proposal, at), left)
+            proposal.scatter_(1, at[:, None], torch.where(rejected, 0.0, column(proposal, at)).float()[:, None])
+            scale = torch.where(rejected, torch.where(left > 0, 1.0 / left.clamp(min=1e-300), 0.0), scale)
         if rank == ranks:
             break
         node = order[:, rank]
         judged = rejected & (rank < count)
         candidate = torch.where(judged, token_of(node), 0)
-        r_c = residual.gather(1, candidate[:, None])[:, 0].double()
-        q_c = proposal.gather(1, candidate[:, None])[:, 0].double()
+        r_c = column(residual, candidate) / torch.where(mass > 0, mass, 1.0)
+        q_c = column(proposal, candidate) * scale
         coin = keyed_uniform(keys, sibling_stream(rank))
         accept = judged & ~(coin * torch.where(q_c <= 0, 1.0, q_c) >= r_c)  # q(c) == 0: judged without q
         child = torch.where(accept, node, child)
         token = torch.where(accept, candidate, token)
         rejected, last = judged & ~accept, torch.where(judged, candidate, last)
-    empty = residual.sum(-1, keepdim=True) <= 0  # lost all its mass (only by rounding): draw from p~
+    empty = (mass <= 0)[:, None]  # lost all its mass (only by rounding): draw from p~
     drawn = sample_from_weights(torch.where(empty, target, residual), residual_uniforms)
     return child, torch.where(child >= 0, token, drawn)
-
-
-def _after_rejection(
-    residual: torch.Tensor, proposal: torch.Tensor, token: torch.Tensor, rows: torch.Tensor, without_replacement: bool
-) -> None:
-    """Edit r and q in place for rejecting `token` [R] in the given rows (bool [R]); other rows keep their
-    values exactly. r = max(0, r - q) renormalised, or r without the token where q(token) == 0 (judged
-    without q); without replacement q also loses the token, renormalised. residual, proposal: float32 [R, V]."""
-    column = token.clamp(min=0)[:, None]
-    rows = rows[:, None]
-    blind = proposal.gather(1, column) <= 0
-    residual.addcmul_(proposal, (rows & ~blind).to(residual.dtype), value=-1).clamp_(min=0)
-    residual.scatter_(1, column, torch.where(rows & blind, 0.0, residual.gather(1, column)))
-    _normalise(residual, rows)
-    if without_replacement:
-        proposal.scatter_(1, column, torch.where(rows, 0.0, proposal.gather(1, column)))
-        _normalise(proposal, rows)
-
-
-def _normalise(values: torch.Tensor, rows: torch.Tensor) -> None:
-    """Divide the given rows (bool [R, 1]) of values (float32 [R, V]) by their sums, in place; a row
-    without mass stays all zero."""
-    total = values.sum(-1, keepdim=True)  # torch sums float32 in cascades: far below the 1e-6 that matters here
-    values.div_(torch.where(rows & (total > 0), total, 1.0).clamp_(min=torch.finfo(values.dtype).tiny))

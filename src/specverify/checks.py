@@ -206,7 +206,8 @@ def check_draft_probs(
 
     Two reductions find whether anything is wrong (a sum is finite and a minimum >= 0 only if every entry
     is finite and >= 0); only then is the offending entry located."""
-    total = draft_probs.sum(-1, dtype=torch.float64)
+    # float32 sums, in cascades (~1e-7): far inside 1e-3, and 20x faster than a float64 accumulator
+    total = draft_probs.sum(-1, dtype=torch.float64 if draft_probs.dtype == torch.float64 else torch.float32).double()
     lowest = draft_probs.amin(-1) if draft_probs.shape[-1] else total
     if bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any()):
         for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):

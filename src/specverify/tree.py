@@ -324,10 +324,10 @@ def _later_siblings(
     when every child was rejected). Shapes as in _sampled_step; order: int64 [R, N], children first."""
     target = weights / sums.sum(-1, keepdim=True).float()  # p~ as truncated_probs gives it
     residual = target.clone()
-    mass = residual.sum(-1, dtype=torch.float64)
+    mass = residual.sum(-1).double()  # (a float32 sum, in cascades: a float64 accumulator is 20x slower)
     proposal = torch.where((count >= 2)[:, None], q, 0.0).float()  # a copy; q of other rows is never read
     scale = torch.ones_like(mass)
-    left = proposal.sum(-1, dtype=torch.float64)  # q's mass, while q loses tokens (without replacement)
+    left = proposal.sum(-1).double()  # q's mass, while q loses tokens (without replacement)
     child = torch.full_like(count, -1)
     token = torch.zeros_like(count)
     rejected, last = ~first_accepted & (count >= 1), first_token
@@ -338,7 +338,7 @@ def _later_siblings(
         blind = column(proposal, at) * scale <= 0
         residual.addcmul_(proposal, torch.where(rejected & ~blind, mass * scale, 0.0).float()[:, None], value=-1)
         residual.clamp_(min=0).scatter_(1, at[:, None], torch.where(rejected & blind, 0.0, column(residual, at)).float()[:, None])
-        mass = residual.sum(-1, dtype=torch.float64)
+        mass = residual.sum(-1).double()
         if without_replacement:  # q loses the token, renormalised
             left = torch.where(rejected, left - column(proposal, at), left)
             proposal.scatter_(1, at[:, None], torch.where(rejected, 0.0, column(proposal, at)).float()[:, None])

@@ -318,7 +318,8 @@ def check_sibling_draft_probs(draft_probs: torch.Tensor, parents: torch.Tensor, 
         return
     siblings = (parents[:, :, None] == parents[:, None, :]) & present[:, None, :] & present[:, :, None]
     first = siblings.to(torch.int8).argmax(-1)  # the lowest-index sibling (a node is its own sibling)
-    reference = draft_probs.gather(1, first[..., None].expand_as(draft_probs))
+    rows = torch.arange(draft_probs.shape[0], device=first.device)[:, None]
+    reference = draft_probs[rows, first]  # whole rows copied by indexing (gather goes entry by entry)
     # in float32 (or the input's float64): the difference of two close floats is exact
     gap = torch.sub(draft_probs, reference, out=reference).abs_().amax(-1).to(torch.float64)
     unequal = present & (gap > 1e-6)

@@ -119,3 +119,8 @@ def test_the_command_audits_a_tree_verifier(tmp_path):
     code = main(["--verifier", f"{WRONG}:tree_recovery_from_full_target", "--only", "tree/sampled/with", "--scale", "0.2",
                  "--json", str(report)])  # fmt: skip
     assert code == 1 and json.loads(report.read_text())["scenarios"][0]["verdict"] == "FAIL"
+
+
+def test_a_tree_that_runs_out_of_distinct_siblings_is_refused():
+    with pytest.raises(ValueError, match="index 0 cannot draw 3 distinct siblings"):
+        tree_scenario("few", "q on two tokens", q="outside", proposal="sampled", draws="without_replacement")

@@ -118,7 +118,12 @@ def exact_tree_laws(scenario: TreeScenario) -> Laws:
 
 
 def check_tree_well_posed(scenario: TreeScenario) -> None:
-    """Raise ValueError if a kept set changes when top_p or min_p move by BOUNDARY_MARGIN."""
+    """Raise ValueError if a kept set changes when top_p or min_p move by BOUNDARY_MARGIN, or if siblings
+    drawn without replacement could run out of tokens."""
+    if scenario.draws == "without_replacement":
+        for parent, siblings in scenario.groups:
+            if np.count_nonzero(scenario.draft_law[parent + 1]) < siblings:
+                raise ValueError(f"scenario {scenario.name}: index {parent + 1} cannot draw {siblings} distinct siblings")
     for factor in (1 - BOUNDARY_MARGIN, 1 + BOUNDARY_MARGIN):
         moved = replace(scenario, top_p=min(1.0, scenario.top_p * factor), min_p=scenario.min_p * factor)
         for x in range(scenario.positions + 1):

@@ -7,7 +7,7 @@ import json
 import torch
 
 import specverify as sv
-from specverify.bench import make_batch, peak_extra_bytes, sort_based_baseline
+from specverify.bench import make_batch, make_tree, peak_extra_bytes, sort_based_baseline
 from specverify.cli import main
 
 CASES = [
@@ -59,3 +59,23 @@ def test_peak_extra_bytes_counts_what_a_call_allocates():
     size = 1 << 20
     assert size * 4 <= peak_extra_bytes(lambda: torch.ones(size)) < size * 4 + 65536
     assert peak_extra_bytes(lambda: None) == 0
+
+
+def test_the_tree_rows_sit_beside_the_chains_of_the_same_depth_and_of_as_many_nodes(capsys):
+    assert main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2", "--modes", "argmax,tree"]) == 0
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (results["config"]["tree_nodes"], results["config"]["tree_depth"]) == (8, 2)
+    assert 0 <= results["config"]["tree_mean_path_length"] <= 2
+    for validate in (False, True):
+        assert f"tree N=8 depth 2, validate={validate}" in results["cases"]
+        assert f"chain K=8, validate={validate}" in results["cases"]
+        assert f"argmax, validate={validate}" in results["cases"]  # the chain of the tree's depth
+
+
+def test_the_benchmark_tree_expands_the_most_likely_tokens_along_its_spine():
+    batch = make_batch(4, 12, 300, torch.float32, seed=2)
+    draft, parents = make_tree(batch, depth=3)
+    assert parents[0].tolist() == [-1] * 4 + [0] * 4 + [4] * 4
+    logits = batch.target_logits.view(4, 13, 300)
+    for level, index in enumerate((0, 1, 5)):  # the root, then the first node (spine) of each level
+        assert torch.equal(draft[:, 4 * level : 4 * level + 4], logits[:, index].topk(4, dim=-1).indices)

@@ -1,4 +1,5 @@
-"""Two deliberately wrong verifiers with the `stochastic_acceptance_sampler` signature, for the audit to catch.
+"""Deliberately wrong verifiers, two with the `stochastic_acceptance_sampler` signature and one with the
+`tree_acceptance_sampler` signature, for the audit to catch.
 
 Each makes one classic mistake on top of the correct verifier, through the public API only, so that
 everything else (keys, padding, greedy rows, masks) stays right and the audit has to find the mistake
@@ -92,3 +93,31 @@ def top_p_before_top_k_renormalisation(
         in_thinking_phase, relaxed_topk, relaxed_delta, token_bitmasks, draft_proposal, draft_probs_full,
         vocab_size, min_p=min_p, validate=validate,
     )  # fmt: skip
+
+
+def tree_recovery_from_full_target(
+    draft_tokens, parents, target_logits, temperature, top_k, top_p, seed, *, min_p=None, token_bitmasks=None,
+    draft_proposal="argmax", draft_probs=None, sibling_draws="with_replacement", validate=True,
+):  # fmt: skip
+    """The same mistake in a tree verifier (SPEC §8): where the walk stops at a node whose children were all
+    rejected, commit a sample of the full p~ there instead of a draw from the residual. Per-row tensor
+    parameters and seeds [B]."""
+    path, length, token = sv.tree_acceptance_sampler(
+        draft_tokens, parents, target_logits, temperature, top_k, top_p, seed, min_p=min_p,
+        token_bitmasks=token_bitmasks, draft_proposal=draft_proposal, draft_probs=draft_probs,
+        sibling_draws=sibling_draws, validate=validate,
+    )  # fmt: skip
+    rows, nodes = draft_tokens.shape
+    if draft_proposal != "sampled" or nodes == 0:
+        return path, length, token
+    last = torch.where(length > 0, path.gather(1, (length - 1).clamp(min=0)[:, None])[:, 0], -1)  # -1: the root
+    has_children = ((parents == last[:, None]) & (draft_tokens >= 0)).any(1)
+    rejected = torch.nonzero(has_children)[:, 0]
+    index = last[rejected] + 1
+    redrawn = sv.sample(
+        target_logits.reshape(rows, nodes + 1, -1)[rejected, index],
+        temperature[rejected], top_k[rejected], top_p[rejected], seed[rejected] + length[rejected],
+        min_p=None if min_p is None else min_p[rejected],
+        token_bitmask=None if token_bitmasks is None else token_bitmasks[rejected, index],
+    )  # fmt: skip
+    return path, length, token.index_copy(0, rejected, redrawn)

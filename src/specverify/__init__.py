@@ -1,7 +1,7 @@
 """specverify: lossless, fast verification of speculative-decoding drafts (SPEC.md)."""
 
 from .bitmask import pack_bitmask, unpack_bitmask
-from .commit import acceptance_counts, committed_tokens
+from .commit import acceptance_counts, committed_tokens, tree_committed_tokens
 from .family import (
     AcceptanceSampler,
     compute_synthetic_acceptance_base_rate,
@@ -10,6 +10,7 @@ from .family import (
 )
 from .rng import keyed_uniform
 from .sampler import stochastic_acceptance_sampler
+from .tree import tree_acceptance_sampler
 from .truncation import sample, truncated_probs
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "sample",
     "stochastic_acceptance_sampler",
     "synthetic_acceptance_sampler",
+    "tree_acceptance_sampler",
+    "tree_committed_tokens",
     "truncated_probs",
     "unpack_bitmask",
 ]

@@ -1,4 +1,5 @@
-"""Side-by-side benchmark of the verifier against the read floor, softmax and a sort-based baseline.
+"""Side-by-side benchmark of the verifier against the read floor, softmax and a sort-based baseline, and
+of a tree verification (SPEC §8) against chains of the same depth and of as many nodes.
 
 Everything is timed in one process on the same logits, so the ratios hold even on a noisy machine:
 each case reports min and median over repeats, as a ratio to one `amax` pass over the logits (the
@@ -24,7 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import kernels, stochastic_acceptance_sampler
+from . import kernels, stochastic_acceptance_sampler, tree_acceptance_sampler
 from .kernels import native
 
 
@@ -60,6 +61,25 @@ def make_batch(batch: int, positions: int, vocab: int, dtype: torch.dtype, seed:
         seed=torch.randint(0, 2**62, (batch,), generator=g),
         draft_probs=draft_probs,
     )
+
+
+#: Children per level of the benchmark's draft tree: N = TREE_WIDTH * depth nodes.
+TREE_WIDTH = 4
+
+
+def make_tree(batch: Batch, depth: int, width: int = TREE_WIDTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft tree per request for a Batch made with K = depth * width positions (so N + 1 logits rows per
+    request): at each of `depth` levels, the `width` most likely target tokens after the level's parent,
+    the first of them (the spine) being the parent of the next level (an EAGLE-style top-`width` expansion
+    along the best path). Returns (draft_tokens [B, N], parents [B, N]), int64."""
+    requests = batch.temperature.shape[0]
+    nodes = depth * width
+    logits = batch.target_logits.view(requests, nodes + 1, -1)
+    spine = torch.arange(depth) * width  # the first node of each level
+    parent_of_level = torch.cat([torch.tensor([-1]), spine[:-1]])
+    tokens = logits[:, parent_of_level + 1].float().topk(width, dim=-1).indices  # [B, depth, width]
+    parents = parent_of_level.repeat_interleave(width).expand(requests, nodes).contiguous()
+    return tokens.reshape(requests, nodes), parents
 
 
 def sort_based_baseline(batch: Batch) -> torch.Tensor:
@@ -151,6 +171,14 @@ def _flashinfer_cases(batch: Batch) -> tuple[dict[str, Callable[[], object]], st
         except Exception as error:  # noqa: BLE001 - an API this version lacks: report, do not time
             print(f"{name}: skipped ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
     return working, None
+
+
+def _tree_verifier(batch: Batch, draft_tokens: torch.Tensor, parents: torch.Tensor, validate: bool) -> Callable[[], object]:
+    """Argmax-mode tree verification of a Batch made with K = N positions."""
+    return lambda: tree_acceptance_sampler(
+        draft_tokens, parents, batch.target_logits, batch.temperature, batch.top_k, batch.top_p, batch.seed,
+        validate=validate,
+    )
 
 
 def _max_verifier(batch: Batch) -> Callable[[], object] | None:
@@ -278,6 +306,18 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
                 cases[f"{mode}, torch reference path"] = _verifier(batch, mode, validate=False, backend="torch")
     if "sort" in modes:
         cases["sort-based baseline"] = lambda: sort_based_baseline(batch)
+    tree = {}
+    if "tree" in modes and positions > 0:
+        # a tree of N = 4K nodes and depth K beside the chains of the same depth (above) and of K = N
+        nodes = TREE_WIDTH * positions
+        wide = _on(make_batch(batch_size, nodes, vocab, dtype, seed=1), device)
+        draft_tokens, parents = make_tree(wide, positions)
+        _, path_length, _ = tree_acceptance_sampler(draft_tokens, parents, wide.target_logits, wide.temperature,
+                                                    wide.top_k, wide.top_p, wide.seed)  # fmt: skip
+        tree = {"tree_nodes": nodes, "tree_depth": positions, "tree_mean_path_length": float(path_length.float().mean())}
+        for validate in (False, True):
+            cases[f"tree N={nodes} depth {positions}, validate={validate}"] = _tree_verifier(wide, draft_tokens, parents, validate)
+            cases[f"chain K={nodes}, validate={validate}"] = _verifier(wide, "argmax", validate)
     max_run = _max_verifier(batch) if device.type == "cpu" else None
     if max_run is not None:
         cases["MAX stochastic_acceptance_sampler"] = max_run
@@ -292,7 +332,7 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
                    "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
                    "device": str(device), "torch": torch.__version__, **backend,
                    **({"device_name": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}),
-                   **({"flashinfer": flashinfer_missing} if flashinfer_missing and device.type == "cuda" else {})},
+                   **({"flashinfer": flashinfer_missing} if flashinfer_missing and device.type == "cuda" else {}), **tree},
         "cases": {},
     }
     for name, seconds in times.items():
@@ -316,6 +356,9 @@ def print_table(results: dict) -> None:
     print(f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
     if "flashinfer" in config:
         print(f"FlashInfer: not timed: {config['flashinfer']}")
+    if "tree_nodes" in config:
+        print(f"tree: {config['tree_nodes']} nodes, depth {config['tree_depth']}, mean accepted path "
+              f"{config['tree_mean_path_length']:.2f} (argmax mode, logits of {config['tree_nodes'] + 1} rows per request)")
     print(f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
@@ -328,8 +371,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafts", "-K", type=int, default=4, help="draft positions K (default 4)")
     parser.add_argument("--vocab", "-V", type=int, default=128256, help="vocabulary V (default 128256)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    parser.add_argument("--modes", default="argmax,sampled,relaxed,greedy,sort",
-                        help="comma-separated cases among argmax, sampled, relaxed, greedy, sort (default all)")
+    parser.add_argument("--modes", default="argmax,sampled,relaxed,greedy,sort,tree",
+                        help="comma-separated cases among argmax, sampled, relaxed, greedy, sort, tree (default "
+                             "all); tree: an argmax-mode tree of 4K nodes and depth K beside the chain of K = 4K")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="where the logits live: cpu (default) or cuda (cuda:N)")
@@ -341,9 +385,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             print(f"specverify bench: error: --{name} must be >= {0 if name == 'drafts' else 1} (got {getattr(args, name)})", file=sys.stderr)
             return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = set(modes) - {"argmax", "sampled", "relaxed", "greedy", "sort"}
+    unknown = set(modes) - {"argmax", "sampled", "relaxed", "greedy", "sort", "tree"}
     if unknown:
-        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort)", file=sys.stderr)
+        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort, tree)", file=sys.stderr)
         return 2
     try:
         device = torch.device(args.device)

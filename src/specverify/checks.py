@@ -47,6 +47,42 @@ def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.dev
             )
 
 
+def check_logits_3d(target_logits: object, batch: int, count: int, positions: str = "K") -> torch.Tensor:
+    """target_logits as [B, P+1, V] (a view), from [B*(P+1), V] or [B, P+1, V], where P = count is K draft
+    positions for a chain, N nodes for a tree (`positions` names it in messages)."""
+    check_tensor("target_logits", target_logits, FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor")
+    shape = list(target_logits.shape)
+    if target_logits.dim() == 2 and shape[0] == batch * (count + 1) and shape[1] >= 1:
+        return target_logits.view(batch, count + 1, shape[1])
+    if target_logits.dim() == 3 and shape[:2] == [batch, count + 1] and shape[2] >= 1:
+        return target_logits
+    raise ValueError(
+        f"target_logits must have shape [B*({positions}+1), V] = [{batch * (count + 1)}, V] or "
+        f"[B, {positions}+1, V] = [{batch}, {count + 1}, V] with V >= 1 (got {shape})"
+    )
+
+
+def check_masks_and_draft_probs(
+    token_bitmasks: object, draft_proposal: str, draft_probs: object, probs_name: str, batch: int, count: int,
+    vocab: int, words: int, positions: str = "K",
+) -> None:  # fmt: skip
+    """Metadata of token_bitmasks (int32 [B, P+1, words] or None) and of the draft distributions, named
+    `probs_name` (float [B, P, V]: required when draft_proposal is "sampled", an error when "argmax").
+    P = count, named `positions` in messages (K for a chain, N for a tree)."""
+    if token_bitmasks is not None:
+        layout = f"[B, {positions}+1, ceil(V/32)]"
+        check_tensor("token_bitmasks", token_bitmasks, (torch.int32,), f"an int32 tensor {layout}")
+        check_shape("token_bitmasks", token_bitmasks, (batch, count + 1, words), layout)
+    if draft_proposal == "sampled":
+        if draft_probs is None:
+            raise ValueError(f'{probs_name} is required when draft_proposal="sampled" (got None)')
+        layout = f"[B, {positions}, V]"
+        check_tensor(probs_name, draft_probs, FLOAT_DTYPES + (torch.float64,), f"a float tensor {layout}")
+        check_shape(probs_name, draft_probs, (batch, count, vocab), layout)
+    elif draft_probs is not None:
+        raise ValueError(f'{probs_name} must be None when draft_proposal="argmax" (got a tensor)')
+
+
 def check_int(name: str, value: object, minimum: int | None = None) -> int:
     """A Python int (or 0-d integer tensor) >= minimum."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point:
@@ -96,70 +132,97 @@ def check_min_p(min_p: torch.Tensor) -> None:
     check_rows("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "in [0, 1]")
 
 
-def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int) -> None:
-    """Ids in [-1, V) (value check). draft_tokens: int [B, K]."""
+def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int, second: str = "position") -> None:
+    """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node")."""
     bad = (draft_tokens < -1) | (draft_tokens >= vocab_size)
     if bool(bad.any()):
         row, position = (int(i) for i in bad.nonzero()[0])
         raise ValueError(
             f"draft_tokens must be in [-1, {vocab_size}) (got {int(draft_tokens[row, position])} "
-            f"at row {row}, position {position})"
+            f"at row {row}, {second} {position})"
         )
 
 
-def _where(index: list[int]) -> str:
-    """"row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V])."""
-    names = ("row", "position", "token") if len(index) == 3 else ("row", "token")
+def _where(index: list[int], second: str = "position") -> str:
+    """"row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V]); `second`
+    names the middle dim (a tree's logits have an "index" there, its draft_probs a "node")."""
+    names = ("row", second, "token") if len(index) == 3 else ("row", "token")
     return ", ".join(f"{name} {i}" for name, i in zip(names, index))
 
 
-def check_finite_logits(name: str, logits: torch.Tensor, some_finite: bool = False) -> None:
+def _in_use(bad: torch.Tensor, in_use: torch.Tensor | None) -> torch.Tensor:
+    """bad [B, P, ...] restricted to the (row, position) pairs in use (bool [B, P]; None: all)."""
+    return bad if in_use is None else bad & in_use.view(*in_use.shape, *[1] * (bad.dim() - in_use.dim()))
+
+
+def check_finite_logits(
+    name: str, logits: torch.Tensor, some_finite: bool = False, *, in_use: torch.Tensor | None = None,
+    second: str = "position",
+) -> None:  # fmt: skip
     """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V].
     some_finite: also require a finite logit at every (row, position), as check_some_allowed does.
+    in_use: bool [B, P] or None: only those (row, position) pairs are checked (None: every one).
+    second: the name of the middle dim in messages.
 
     One max reduction finds whether there is anything to report (it propagates NaN and +inf); only then
     is the offending entry located."""
     top = logits.amax(-1)
-    if bool((torch.isnan(top) | (top == float("inf"))).any()):
-        bad = torch.isnan(logits) | (logits == float("inf"))
+    if bool(_in_use(torch.isnan(top) | (top == float("inf")), in_use).any()):
+        bad = _in_use(torch.isnan(logits) | (logits == float("inf")), in_use)
         index = [int(i) for i in bad.nonzero()[0]]
-        raise ValueError(f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index)})")
+        raise ValueError(
+            f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index, second)})"
+        )
     if some_finite:
-        _check_not_empty(name, top)
+        _check_not_empty(name, top, in_use, second)
 
 
-def check_some_allowed(name: str, masked_logits: torch.Tensor) -> None:
+def check_some_allowed(
+    name: str, masked_logits: torch.Tensor, *, in_use: torch.Tensor | None = None, second: str = "position"
+) -> None:
     """Every (row, position) keeps a token with a finite logit (value check). masked_logits: [B, P, V] or [N, V].
 
-    name: the argument to blame, the bitmask when there is one, else the logits."""
-    _check_not_empty(name, masked_logits.amax(-1))
+    name: the argument to blame, the bitmask when there is one, else the logits. in_use, second: as in
+    check_finite_logits."""
+    _check_not_empty(name, masked_logits.amax(-1), in_use, second)
 
 
-def _check_not_empty(name: str, top: torch.Tensor) -> None:
+def _check_not_empty(name: str, top: torch.Tensor, in_use: torch.Tensor | None = None, second: str = "position") -> None:
     """top: the max logit of each (row, position) [B, P] or [N]; -inf means no token is left."""
-    empty = top == float("-inf")
+    empty = _in_use(top == float("-inf"), in_use)
     if bool(empty.any()):
         index = [int(i) for i in empty.nonzero()[0]]
-        where = _where(index + [0])[: -len(", token 0")]
+        where = _where(index + [0], second)[: -len(", token 0")]
         raise ValueError(f"{name} must leave at least one token with a finite logit (got none at {where})")
 
 
-def check_draft_probs(draft_probs: torch.Tensor) -> None:
-    """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V]."""
-    for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
-        if bool(bad.any()):
-            row, position, token = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"draft_probs_full must be {rule} (got {draft_probs[row, position, token].item()} "
-                f"at row {row}, position {position}, token {token})"
-            )
-    total = draft_probs.to(torch.float64).sum(-1)
-    normalised = ((total - 1).abs() <= 1e-3) | (total == 0)
-    if not bool(normalised.all()):
-        row, position = (int(i) for i in (~normalised).nonzero()[0])
+def check_draft_probs(
+    draft_probs: torch.Tensor, *, name: str = "draft_probs_full", in_use: torch.Tensor | None = None,
+    second: str = "position",
+) -> None:  # fmt: skip
+    """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V].
+    name: the argument to blame; in_use: bool [B, K] or None, the rows checked (None: all); second: the
+    name of the middle dim in messages.
+
+    Two reductions find whether anything is wrong (a sum is finite and a minimum >= 0 only if every entry
+    is finite and >= 0); only then is the offending entry located."""
+    # float32 sums, in cascades (~1e-7): far inside 1e-3, and 20x faster than a float64 accumulator
+    total = draft_probs.sum(-1, dtype=torch.float64 if draft_probs.dtype == torch.float64 else torch.float32).double()
+    lowest = draft_probs.amin(-1) if draft_probs.shape[-1] else total
+    if bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any()):
+        for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
+            bad = _in_use(bad, in_use)
+            if bool(bad.any()):
+                index = [int(i) for i in bad.nonzero()[0]]
+                raise ValueError(
+                    f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
+                )
+    abnormal = _in_use(~(((total - 1).abs() <= 1e-3) | (total == 0)), in_use)
+    if bool(abnormal.any()):
+        row, position = (int(i) for i in abnormal.nonzero()[0])
         raise ValueError(
-            "draft_probs_full rows must sum to 1 (within 1e-3) or be all zero "
-            f"(got a sum of {total[row, position].item():.6g} at row {row}, position {position})"
+            f"{name} rows must sum to 1 (within 1e-3) or be all zero "
+            f"(got a sum of {total[row, position].item():.6g} at row {row}, {second} {position})"
         )
 
 
@@ -232,3 +295,37 @@ def check_sampling_values(
     check_top_p(top_p)
     if min_p is not None:
         check_min_p(min_p)
+
+
+def check_tree_parents(parents: torch.Tensor, present: torch.Tensor) -> None:
+    """Each present node's parent is -1 (the root) or a present node with a smaller index (value check).
+    parents: int [B, N]; present: bool [B, N], the nodes that are not padding (SPEC §8)."""
+    nodes = torch.arange(parents.shape[-1], device=parents.device)
+    checked = present & (parents != -1)
+    for bad, rule in (
+        (checked & ((parents < 0) | (parents >= nodes)), "-1 (the root) or the index of an earlier node, in [-1, i) for node i"),
+        (checked & ~present.gather(-1, parents.clamp(0, max(parents.shape[-1] - 1, 0))), "a present node (not padding)"),
+    ):  # fmt: skip
+        if bool(bad.any()):
+            row, node = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"parents must be {rule} (got {int(parents[row, node])} at row {row}, node {node})")
+
+
+def check_sibling_draft_probs(draft_probs: torch.Tensor, parents: torch.Tensor, present: torch.Tensor) -> None:
+    """Siblings share one q: each present node's draft_probs row agrees within 1e-6 with that of its
+    first sibling (value check). draft_probs: float [B, N, V]; parents: int [B, N]; present: bool [B, N]."""
+    if draft_probs.shape[1] == 0 or draft_probs.shape[2] == 0:
+        return
+    siblings = (parents[:, :, None] == parents[:, None, :]) & present[:, None, :] & present[:, :, None]
+    first = siblings.to(torch.int8).argmax(-1)  # the lowest-index sibling (a node is its own sibling)
+    rows = torch.arange(draft_probs.shape[0], device=first.device)[:, None]
+    reference = draft_probs[rows, first]  # whole rows copied by indexing (gather goes entry by entry)
+    # in float32 (or the input's float64): the difference of two close floats is exact
+    gap = torch.sub(draft_probs, reference, out=reference).abs_().amax(-1).to(torch.float64)
+    unequal = present & (gap > 1e-6)
+    if bool(unequal.any()):
+        row, node = (int(i) for i in unequal.nonzero()[0])
+        raise ValueError(
+            "draft_probs rows of siblings must agree within 1e-6 "
+            f"(got a difference of {gap[row, node].item():.3g} between node {node} and node {int(first[row, node])} at row {row})"
+        )

@@ -15,6 +15,9 @@ STREAM_TARGET = 0
 STREAM_ACCEPT = 1
 #: Stream of the recovery draw from the residual distribution (SPEC §3.2).
 STREAM_RESIDUAL = 2
+#: First stream of the accept coins of later siblings in a sampled tree walk (SPEC §8): the child of
+#: rank r >= 1 uses stream STREAM_SIBLING + r - 1 (rank 0 uses STREAM_ACCEPT, as a chain does).
+STREAM_SIBLING = 3
 
 #: Row spreading constant for a seed shared by the batch (SPEC §4): row b uses s + b * ROW_STRIDE.
 ROW_STRIDE = 0x9E3779B97F4A7C15
@@ -49,6 +52,11 @@ def _mix64_int(x: int) -> int:
     x = ((x ^ (x >> 30)) * _MIX_1) & _MASK64
     x = ((x ^ (x >> 27)) * _MIX_2) & _MASK64
     return x ^ (x >> 31)
+
+
+def sibling_stream(rank: int) -> int:
+    """The stream of the accept coin of the child of rank `rank` (0, 1, ...) in a sampled tree walk."""
+    return STREAM_ACCEPT if rank == 0 else STREAM_SIBLING + rank - 1
 
 
 def keyed_bits(keys: torch.Tensor, stream: int) -> torch.Tensor:

@@ -111,22 +111,6 @@ def _check_relaxed(
     return in_thinking_phase, topk, delta
 
 
-def _logits_3d(target_logits: object, batch: int, positions: int) -> torch.Tensor:
-    """target_logits as [B, K+1, V] (a view), from [B*(K+1), V] or [B, K+1, V]."""
-    checks.check_tensor(
-        "target_logits", target_logits, checks.FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor"
-    )
-    shape = list(target_logits.shape)
-    if target_logits.dim() == 2 and shape[0] == batch * (positions + 1) and shape[1] >= 1:
-        return target_logits.view(batch, positions + 1, shape[1])
-    if target_logits.dim() == 3 and shape[:2] == [batch, positions + 1] and shape[2] >= 1:
-        return target_logits
-    raise ValueError(
-        f"target_logits must have shape [B*(K+1), V] = [{batch * (positions + 1)}, V] or "
-        f"[B, K+1, V] = [{batch}, {positions + 1}, V] with V >= 1 (got {shape})"
-    )
-
-
 def stochastic_acceptance_sampler(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
@@ -170,7 +154,7 @@ def stochastic_acceptance_sampler(
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must have shape [B, K] (got {list(draft_tokens.shape)})")
     batch, positions = draft_tokens.shape
-    logits = _logits_3d(target_logits, batch, positions)
+    logits = checks.check_logits_3d(target_logits, batch, positions)
     vocab, device = logits.shape[-1], logits.device
     if draft_proposal not in DRAFT_PROPOSALS:
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
@@ -181,16 +165,9 @@ def stochastic_acceptance_sampler(
     in_thinking_phase, relaxed_topk, relaxed_delta = _check_relaxed(
         in_thinking_phase, relaxed_topk, relaxed_delta, draft_proposal, batch, device
     )
-    if token_bitmasks is not None:
-        checks.check_tensor("token_bitmasks", token_bitmasks, (torch.int32,), "an int32 tensor [B, K+1, ceil(V/32)]")
-        checks.check_shape("token_bitmasks", token_bitmasks, (batch, positions + 1, num_words(vocab)), "[B, K+1, ceil(V/32)]")
-    if draft_proposal == "sampled":
-        if draft_probs_full is None:
-            raise ValueError('draft_probs_full is required when draft_proposal="sampled" (got None)')
-        checks.check_tensor("draft_probs_full", draft_probs_full, checks.FLOAT_DTYPES + (torch.float64,), "a float tensor [B, K, V]")
-        checks.check_shape("draft_probs_full", draft_probs_full, (batch, positions, vocab), "[B, K, V]")
-    elif draft_probs_full is not None:
-        raise ValueError('draft_probs_full must be None when draft_proposal="argmax" (got a tensor)')
+    checks.check_masks_and_draft_probs(
+        token_bitmasks, draft_proposal, draft_probs_full, "draft_probs_full", batch, positions, vocab, num_words(vocab)
+    )
     checks.check_same_device(
         {"draft_tokens": draft_tokens, "token_bitmasks": token_bitmasks, "draft_probs_full": draft_probs_full},
         device,

@@ -33,6 +33,11 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default=DEFAULT_VERIFIER, metavar="MODULE:FUNCTION",
                         help="any callable with the stochastic_acceptance_sampler signature, as 'module:function' "
                              f"or 'path/file.py:function' (default {DEFAULT_VERIFIER})")
+    parser.add_argument("--tree", action="store_true",
+                        help="the verifier has the tree_acceptance_sampler signature (SPEC §8): audit it on the tree "
+                             "scenarios (implied by a parameter named `parents`; alone: audits "
+                             "specverify:tree_acceptance_sampler). Without --verifier both of specverify's "
+                             "verifiers are audited, each on its scenarios")
     parser.add_argument("--quick", action="store_true", help="a smaller matrix with fewer rows (under 30 s)")
     parser.add_argument("--only", metavar="TEXT", help="run only the scenarios whose name contains TEXT")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's rows (default 1)")
@@ -71,18 +76,18 @@ def _audit(args: argparse.Namespace, console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .runner import run_audit
-    from .scenarios import QUICK_FRACTION, scenario_matrix
-    from .verifier import load_verifier
+    from .scenarios import QUICK_FRACTION
+    from .trees import audited_verifiers
 
     try:
-        verifier = load_verifier(args.verifier)
+        verifier, tree_verifier, matrix = audited_verifiers(args.verifier, args.tree)
     except ValueError as err:
         raise _Invalid(f"--verifier: {err}") from None
-    scenarios = [s for s in scenario_matrix() if (s.quick or not args.quick) and (args.only or "") in s.name]
+    scenarios = [s for s in matrix if (s.quick or not args.quick) and (args.only or "") in s.name]
     if not scenarios:
         raise _Invalid(f"--only {args.only!r} matches no scenario{' of --quick' if args.quick else ''}")
     scale = args.scale * (QUICK_FRACTION if args.quick else 1.0)
-    invariance = None if args.no_invariance else {"ks": (1, 4) if args.quick else (1, 3, 5)}
+    invariance = None if args.no_invariance or verifier.tree else {"ks": (1, 4) if args.quick else (1, 3, 5)}
     columns = (SpinnerColumn(), TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True) as bar:
@@ -92,7 +97,7 @@ def _audit(args: argparse.Namespace, console):
             bar.update(task, completed=done, total=total, description=label)
 
         return run_audit(verifier, scenarios, scale=scale, seed=args.seed, alpha=args.alpha, device=args.device,
-                         invariance=invariance, progress=progress)  # fmt: skip
+                         invariance=invariance, progress=progress, tree_verifier=tree_verifier)  # fmt: skip
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ target distribution p~ of one position (SPEC §2), what each rule commits at a p
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -133,3 +134,76 @@ def first_rejection_law(accept_probs: np.ndarray) -> np.ndarray:
     law = reach.copy()
     law[:-1] *= 1 - accept_probs
     return law
+
+
+def sibling_sequences(draft_law: np.ndarray, siblings: int, draws: str) -> list[tuple[tuple[int, ...], float]]:
+    """Every ordered sequence of sibling tokens with its probability (SPEC §8 sibling_draws).
+
+    draft_law: float64 [V]; "with_replacement": i.i.d. from it; "without_replacement": each from it
+    without the earlier siblings' tokens, renormalised (a sequence that runs out of mass has probability 0).
+    """
+    q = np.asarray(draft_law, dtype=np.float64)
+    out = []
+    for sequence in itertools.product(np.flatnonzero(q).tolist(), repeat=siblings):
+        probability, left = 1.0, q.copy()
+        for token in sequence:
+            mass = left.sum()
+            probability *= left[token] / mass if mass > 0 else 0.0
+            if draws == "without_replacement":
+                left[token] = 0.0
+        if probability > 0:
+            out.append((sequence, probability))
+    return out
+
+
+def tree_node_law(
+    target: np.ndarray,
+    draft_law: np.ndarray,
+    siblings: int,
+    draws: str = "with_replacement",
+    proposal: str = "argmax",
+    *,
+    judged: str | None = None,
+    update_residual: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One step of the tree walk (SPEC §8) at a node whose `siblings` children are drawn from draft_law.
+
+    target: p~ [V] of the node; draft_law: q [V], which "sampled" also passes as the children's q.
+    Returns (descend [siblings, V]: P(the walk descends into the child of rank k, whose token is v),
+    stop [V]: P(the walk stops there committing v)), averaged over the children's draws. The guarantee
+    is descend.sum(0) + stop == target.
+    "argmax": y ~ p~; descend into the lowest-rank child with token y, else commit y. "sampled": child c
+    in rank order is accepted with min(1, r(c) / q(c)) (r(c) when q(c) == 0); on rejection r = max(0, r - q)
+    renormalised (r without c when q(c) == 0), and q loses c when judged "without_replacement"; when all
+    are rejected a draw from r (p~ if r has no mass).
+    judged, update_residual: only to compute known-wrong variants (a verifier judging with the other
+    scheme than the draft used; a verifier that never updates r).
+    """
+    target = np.asarray(target, dtype=np.float64)
+    judged = judged or draws
+    descend, stop = np.zeros((siblings, len(target))), np.zeros(len(target))
+    for sequence, probability in sibling_sequences(draft_law, siblings, draws):
+        if proposal == "argmax":
+            for y in np.flatnonzero(target):
+                if y in sequence:
+                    descend[sequence.index(y), y] += probability * target[y]
+                else:
+                    stop[y] += probability * target[y]
+            continue
+        r, q, reach = target.copy(), np.asarray(draft_law, dtype=np.float64).copy(), probability
+        for rank, token in enumerate(sequence):
+            q_c = q[token]
+            accept = min(1.0, r[token] / q_c) if q_c > 0 else r[token]
+            descend[rank, token] += reach * accept
+            reach *= 1 - accept
+            if update_residual:
+                if q_c > 0:
+                    r = np.maximum(r - q, 0.0)
+                else:
+                    r[token] = 0.0
+                r = r / r.sum() if r.sum() > 0 else r
+            if judged == "without_replacement":
+                q[token] = 0.0
+                q = q / q.sum() if q.sum() > 0 else q
+        stop += reach * (r if r.sum() > 0 else target)
+    return descend, stop

@@ -217,15 +217,25 @@ def contract_problems(
     return problems
 
 
+def batched_call(
+    verifier: Verifier, scenario, rows: int, seed: int, device: str, draw: Callable, arguments: Callable
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], float]:
+    """Draw the drafts (draw(scenario, rows, rng)) and a seed per row, make the one batched call with
+    arguments(scenario, drafts, seeds, device) -> (drafts, the verifier's three outputs, seconds)."""
+    rng = _scenario_rng(scenario, seed)
+    drafts = draw(scenario, rows, rng)
+    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
+    positional, optional = arguments(scenario, drafts, seeds, device)
+    start = time.perf_counter()
+    outputs = tuple(out.numpy() for out in verifier(*positional, **optional))
+    return drafts, outputs, time.perf_counter() - start
+
+
 def observe(verifier: Verifier, scenario: Scenario, rows: int, seed: int, device: str = "cpu") -> Observation:
     """Draw the drafts and seeds, make the one batched call, and collect what each row committed."""
-    rng = _scenario_rng(scenario, seed)
-    drafts = draw_drafts(scenario, rows, rng)
-    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
-    positional, optional = verifier_arguments(scenario, drafts, seeds, device)
-    start = time.perf_counter()
-    first, recovered, bonus = (out.numpy() for out in verifier(*positional, **optional))
-    seconds = time.perf_counter() - start
+    drafts, (first, recovered, bonus), seconds = batched_call(
+        verifier, scenario, rows, seed, device, draw_drafts, verifier_arguments
+    )
     problems = tuple(contract_problems(drafts, first, recovered, bonus, scenario.vocab))
     K = scenario.positions
     committed = np.full((rows, K + 1), -1, dtype=np.int64)
@@ -267,8 +277,18 @@ def judge(scenario: Scenario, observation: Observation, level: float) -> Scenari
     return replace(result, verdict="pass" if result.min_p_value >= level else "FAIL")
 
 
+def _is_tree(scenario) -> bool:
+    from .trees import TreeScenario  # trees.py builds on this module
+
+    return isinstance(scenario, TreeScenario)
+
+
 def lacking_arguments(verifier: Verifier, scenario: Scenario) -> list[str]:
-    """The optional arguments a scenario passes that the verifier does not take."""
+    """The optional arguments a scenario (chain or tree) passes that the verifier does not take."""
+    if _is_tree(scenario):
+        from .trees import lacking_tree_arguments
+
+        return lacking_tree_arguments(verifier, scenario)
     probe = np.zeros((1, scenario.positions), dtype=np.int64)
     return verifier.lacks(verifier_arguments(scenario, probe, np.zeros(1, dtype=np.int64), "cpu")[1])
 
@@ -280,6 +300,10 @@ def audit_scenario(
     lacking = lacking_arguments(verifier, scenario)
     if lacking:
         return ScenarioResult(scenario, rows, "skipped", (f"the verifier takes no {', '.join(lacking)}",))
+    if _is_tree(scenario):
+        from .trees import audit_tree_scenario
+
+        return audit_tree_scenario(verifier, scenario, rows, seed, level, device)
     try:
         observation = observe(verifier, scenario, rows, seed, device)
     except Exception as err:  # a verifier under audit may raise anything; the report says what
@@ -303,20 +327,23 @@ def run_audit(
     device: str = "cpu",
     invariance: dict | None = None,
     progress: Progress | None = None,
+    tree_verifier: Verifier | None = None,
 ) -> AuditResult:
     """Audit `verifier` on `scenarios` (rows scaled by `scale`) so that a correct verifier fails with
     probability at most `alpha`, then, unless `invariance` is None, run
-    check_drafter_invariance(verifier, **invariance). progress(done, total, label) is called before each
+    check_drafter_invariance(verifier, **invariance). Tree scenarios (trees.py) are audited with
+    `tree_verifier` when given, else with `verifier`. progress(done, total, label) is called before each
     step and once at the end."""
     start = time.perf_counter()
-    tests = sum(s.positions + 2 for s in scenarios if s.lossless and not lacking_arguments(verifier, s))
+    pick = lambda scenario: tree_verifier if tree_verifier is not None and _is_tree(scenario) else verifier  # noqa: E731
+    tests = sum(s.positions + 2 for s in scenarios if s.lossless and not lacking_arguments(pick(s), s))
     level = bonferroni_level(alpha, tests)
     steps = len(scenarios) + (invariance is not None)
     results = []
     for done, scenario in enumerate(scenarios):
         if progress:
             progress(done, steps, scenario.name)
-        results.append(audit_scenario(verifier, scenario, scaled_rows(scenario, scale), seed, level, device))
+        results.append(audit_scenario(pick(scenario), scenario, scaled_rows(scenario, scale), seed, level, device))
     checked = None
     if invariance is not None:
         if progress:
@@ -324,4 +351,5 @@ def run_audit(
         checked = check_drafter_invariance(verifier, **invariance)
     if progress:
         progress(steps, steps, "done")
-    return AuditResult(verifier.name, seed, alpha, tests, tuple(results), checked, time.perf_counter() - start)
+    names = dict.fromkeys(pick(scenario).name for scenario in scenarios) or {verifier.name: None}
+    return AuditResult(" and ".join(names), seed, alpha, tests, tuple(results), checked, time.perf_counter() - start)

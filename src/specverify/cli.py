@@ -261,6 +261,7 @@ def _decode(args: argparse.Namespace, target, drafter, ids: list[int], params, r
     """Speculative decoding, then plain decoding with --compare -> (speculative, plain or None) results."""
     from .decoding import plain_generate, speculative_generate
     from .decoding.grammar import GrammarDeadEnd
+    from .decoding.model import ContextOverflow
 
     try:
         spec = speculative_generate(
@@ -278,7 +279,7 @@ def _decode(args: argparse.Namespace, target, drafter, ids: list[int], params, r
             return spec, None
         with _status(console, "decoding again without speculation"):
             return spec, plain_generate(target.model, [ids], params, **common)
-    except GrammarDeadEnd as err:
+    except (GrammarDeadEnd, ContextOverflow) as err:
         raise UsageError(str(err)) from None
 
 

@@ -120,6 +120,8 @@ def test_generate_sampled_proposals(model_folder, capsys):
             "model must be 'smollm2', a .gguf file or a transformers model folder",
         ),
         (["--max-tokens", "many", "hi"], "argument --max-tokens: invalid int value: 'many'"),
+        (["--seed", str(2**64), "hi"], f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {2**64})"),
+
     ],
 )
 def test_bad_input_is_one_line(capsys, argv, message):
@@ -127,6 +129,21 @@ def test_bad_input_is_one_line(capsys, argv, message):
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_draft_model_is_one_line_before_the_target_loads(model_folder, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_pretrained", no_loading)
+    code, out, err = run(
+        capsys, "generate", "w3 w4", "--model", str(model_folder), "--drafter", "model", "--draft-model", "/nowhere"
+    )
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: --draft-model: model must be 'smollm2', a .gguf file or a transformers "
+        "model folder (got '/nowhere')\n"
+    )
 
 
 def test_prompt_beyond_the_context_is_one_line(model_folder, capsys):

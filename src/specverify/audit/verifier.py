@@ -28,6 +28,8 @@ OPTIONAL_ARGUMENTS = (
     "min_p",
 )
 DEFAULT_VERIFIER = "specverify:stochastic_acceptance_sampler"
+#: The eight leading arguments, passed by position (SPEC §1).
+POSITIONAL_ARGUMENTS = ("draft_tokens", "target_logits", "temperature", "top_k", "max_k", "top_p", "min_top_p", "seed")
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,10 @@ def as_verifier(function: Callable, name: str | None = None) -> Verifier:
 
 
 def load_verifier(spec: str) -> Verifier:
-    """'module:function' (the current directory is importable) or 'path/to/file.py:function'."""
+    """'module:function' (the current directory is importable) or 'path/to/file.py:function'.
+
+    ValueError, saying why, when the spec names nothing, something that is not callable, or a callable
+    that cannot take the eight positional arguments of stochastic_acceptance_sampler."""
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"verifier must be 'module:function' or 'file.py:function' (got {spec!r})")
@@ -83,7 +88,33 @@ def load_verifier(spec: str) -> Verifier:
         if not hasattr(function, part):
             raise ValueError(f"verifier {spec!r}: {module_name} has no attribute {attribute!r}")
         function = getattr(function, part)
+    check_signature(function, spec)
     return as_verifier(function, spec)
+
+
+def check_signature(function: object, name: str) -> None:
+    """ValueError unless `function` is callable with the eight positional arguments of
+    stochastic_acceptance_sampler (a callable whose signature cannot be read is given the benefit)."""
+    if not callable(function):
+        raise ValueError(
+            f"verifier {name!r} is a {type(function).__name__}, not a function: name a callable with the "
+            f"stochastic_acceptance_sampler signature"
+        )
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*POSITIONAL_ARGUMENTS)
+    except TypeError as err:
+        empty = inspect.Parameter.empty
+        bare = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()], return_annotation=empty
+        )
+        raise ValueError(
+            f"verifier {name!r} takes {bare} ({err}), not the eight positional arguments of "
+            f"stochastic_acceptance_sampler ({', '.join(POSITIONAL_ARGUMENTS)})"
+        ) from None
 
 
 def _import_module(name: str):

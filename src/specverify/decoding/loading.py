@@ -123,13 +123,19 @@ def load_pretrained(folder: Path) -> LoadedModel:
     return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), folder.name, time.perf_counter() - start)
 
 
-def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
-    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder."""
+def locate_model(name: str) -> Path:
+    """The file or folder a model name stands for, checked without loading anything: "smollm2" (the
+    embedded default's GGUF file), a .gguf file, or a transformers model folder (holding config.json).
+    MissingModel says what is wrong."""
     if name == DEFAULT_MODEL:
-        return load_gguf(smollm2_gguf(), use_cache=use_cache)
+        return smollm2_gguf()
     path = Path(name)
-    if path.suffix == ".gguf" and path.is_file():
-        return load_gguf(path, use_cache=use_cache)
-    if (path / "config.json").is_file():
-        return load_pretrained(path)
+    if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
+        return path
     raise MissingModel(f"model must be {DEFAULT_MODEL!r}, a .gguf file or a transformers model folder (got {name!r})")
+
+
+def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
+    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder (see locate_model)."""
+    path = locate_model(name)
+    return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)

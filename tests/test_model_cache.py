@@ -88,6 +88,7 @@ def test_write_entry_puts_a_complete_folder_in_place_and_removes_the_stale_ones(
     assert not model_cache.is_complete(folder)
     model_cache.write_entry(folder, fake_weights)
     assert model_cache.is_complete(folder) and (folder / "config.json").is_file()
+    assert folder.stat().st_mode & 0o777 == 0o755  # readable by every user of the machine, like ~/.cache
     assert sorted(cache.iterdir()) == sorted([folder, *kept])
 
 

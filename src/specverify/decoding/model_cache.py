@@ -69,6 +69,7 @@ def write_entry(folder: Path, write: Callable[[Path], None]) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=folder.parent))
     try:
+        partial.chmod(0o755)  # mkdtemp's 0o700 would hide the entry from the machine's other users
         write(partial)
         try:
             partial.rename(folder)

@@ -1,8 +1,8 @@
 """The cache of de-quantised models: one folder per GGUF content, shared by every clone and venv.
 
 A GGUF file is de-quantised to float32 by transformers on every load (~15-20 s); the cache keeps the
-result as a transformers model folder under `cache_root()` (one folder for the whole machine:
-`$SPECVERIFY_CACHE`, else `$XDG_CACHE_HOME/specverify`, else `~/.cache/specverify`), named
+result as a transformers model folder under `cache_root()` (one folder for the whole machine, the one the
+compiled kernels use too: `$SPECVERIFY_CACHE`, else `~/.cache/specverify`), named
 
     <GGUF stem>-<size in bytes>-<first 16 hex digits of the GGUF's SHA-256>-transformers<version>
 
@@ -36,10 +36,8 @@ _CHUNK = 1 << 20
 
 
 def cache_root() -> Path:
-    """Where de-quantised models are kept: $SPECVERIFY_CACHE, else $XDG_CACHE_HOME/specverify or ~/.cache/specverify."""
-    if os.environ.get("SPECVERIFY_CACHE"):
-        return Path(os.environ["SPECVERIFY_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specverify"
+    """Where de-quantised models are kept: $SPECVERIFY_CACHE, else ~/.cache/specverify (as the kernels)."""
+    return Path(os.environ.get("SPECVERIFY_CACHE") or Path.home() / ".cache" / "specverify")
 
 
 def content_digest(path: Path) -> str:

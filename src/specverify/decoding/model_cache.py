@@ -93,9 +93,12 @@ def remove_stale(folder: Path) -> None:
     no process starts reading a half-removed folder), then deleted; one that another process is removing
     at the same time is left to it."""
     for stale in stale_entries(folder):
-        doomed = Path(tempfile.mkdtemp(prefix=f"{stale.name}.removing-", dir=folder.parent))
+        try:
+            doomed = Path(tempfile.mkdtemp(prefix=f"{stale.name}.removing-", dir=folder.parent))
+        except OSError:  # the cache folder cannot be written now: a later write removes them
+            return
         try:
             stale.rename(doomed / stale.name)
-        except OSError:
+        except OSError:  # another process moved it first
             pass
         shutil.rmtree(doomed, ignore_errors=True)

@@ -114,6 +114,7 @@ def test_generate_sampled_proposals(model_folder, capsys):
         (["--top-p", "1.5", "hi"], "--top-p must be in (0, 1] (got 1.5)"),
         (["--draft-proposal", "best", "hi"], "--draft-proposal must be 'argmax' or 'sampled'"),
         (["--drafter", "model", "hi"], "--drafter model needs --draft-model"),
+        (["--draft-model", "smollm2", "hi"], "--draft-model is used only with --drafter model (got --drafter ngram)"),
         (["--min-ngram", "4", "hi"], "--min-ngram must be 1, 2 or 3 (got 4)"),
         (
             ["--model", "/nowhere/model.gguf", "hi"],

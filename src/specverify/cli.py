@@ -92,6 +92,8 @@ def _generate_settings(args: argparse.Namespace):
         raise UsageError(f"--drafter must be 'ngram' or 'model' (got {args.drafter!r})")
     if args.drafter == "model" and not args.draft_model:
         raise UsageError("--drafter model needs --draft-model: 'smollm2', a .gguf file or a model folder")
+    if args.draft_model and args.drafter != "model":
+        raise UsageError(f"--draft-model is used only with --drafter model (got --drafter {args.drafter})")
     if not 1 <= args.min_ngram <= 3:
         raise UsageError(f"--min-ngram must be 1, 2 or 3 (got {args.min_ngram})")
     if args.draft_proposal not in ("argmax", "sampled"):

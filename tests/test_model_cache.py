@@ -123,9 +123,9 @@ from pathlib import Path
 from specverify.decoding import model_cache
 
 def write(partial):
-    for i in range(40):  # a slow conversion, many files
+    for i in range(40):  # a slow conversion, many files; writers of different speeds
         (partial / f"shard-{i}.bin").write_bytes(b"x" * 4096)
-        time.sleep(0.005)
+        time.sleep(0.005 * int(sys.argv[2]))
     (partial / model_cache.WEIGHTS).write_bytes(b"weights")
 
 model_cache.write_entry(Path(sys.argv[1]), write)
@@ -135,7 +135,7 @@ model_cache.write_entry(Path(sys.argv[1]), write)
 def test_concurrent_processes_never_see_a_half_written_folder(cache, tmp_path):
     folder = model_cache.entry_folder(make_gguf(tmp_path, b"model"), "5.24.0")
     env = {**os.environ, "PYTHONPATH": str(SRC), "SPECVERIFY_CACHE": str(cache)}
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], env=env) for _ in range(3)]
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(n)], env=env) for n in (1, 3, 5)]
     seen = 0
     while any(w.poll() is None for w in writers):
         if folder.exists():  # whenever the folder is visible it holds everything
@@ -143,7 +143,8 @@ def test_concurrent_processes_never_see_a_half_written_folder(cache, tmp_path):
             seen += 1
         time.sleep(0.002)
     assert [w.returncode for w in writers] == [0, 0, 0]
-    assert seen > 0 and list(cache.iterdir()) == [folder]  # one copy, no partial folders
+    assert seen > 0  # the slower writers were still writing when the first folder appeared
+    assert list(cache.iterdir()) == [folder]  # one copy, no partial folders
 
 
 @pytest.mark.slow

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,13 +78,59 @@ def test_the_arguments_plug_into_a_subcommand():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (["--scale", "0"], "--scale must be > 0 (got 0.0)"),
+        (["--scale", "0"], "--scale must be > 0 and finite (got 0.0)"),
         (["--alpha", "1.5"], "--alpha must be in (0, 1) (got 1.5)"),
         (["--verifier", "nocolon"], "--verifier: verifier must be 'module:function'"),
+        (["--verifier", "os:path"], "--verifier: verifier 'os:path' is a module, not a function"),
+        (
+            ["--verifier", "specverify:sample"],
+            "--verifier: verifier 'specverify:sample' takes (logits, temperature, top_k, top_p, seed, min_p=None, "
+            "token_bitmask=None, *, validate=True) (too many positional arguments), not the eight positional "
+            "arguments of stochastic_acceptance_sampler (draft_tokens, target_logits, temperature, top_k, max_k, "
+            "top_p, min_top_p, seed)",
+        ),
+        (["--plots", "/proc/nope"], "--plots '/proc/nope' cannot be written (No such file or directory"),
+        (["--json", "/proc/nope/report.json"], "--json '/proc/nope/report.json' cannot be written"),
+        (["--plots", __file__], f"--plots {__file__!r} cannot be written ({__file__} is a file, not a folder)"),
+        (["--json", "/"], "--json '/' is a folder: give a file name, e.g. /audit.json"),
+        (["--scale", "inf"], "--scale must be > 0 and finite (got inf)"),
+        (["--scale", "1e12", "--quick"], "--scale 1e+12 gives argmax/llm 800,000,000,000,000 rows, about"),
         (["--device", "nonsense"], "--device 'nonsense' is not usable here"),
         (["--quick", "--only", "relaxed/llm"], "--only 'relaxed/llm' matches no scenario of --quick"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(options, message, capsys):
+    start = time.perf_counter()
     assert main(options) == 2
-    assert f"specverify audit: error: {message}" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert err.startswith(f"specverify audit: error: {message}") and err.count("\n") == 1
+    assert out == "" and time.perf_counter() - start < 10  # refused before any scenario ran
+
+
+def test_a_bad_verifier_is_one_line_from_the_command_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "specverify.cli", "audit", "--verifier", "os:path"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.startswith("specverify audit: error: --verifier: verifier 'os:path' is a module, not a function")
+
+
+def test_a_verifier_that_raises_is_reported_with_its_exception_per_scenario(tmp_path, capsys):
+    module = tmp_path / "unfinished.py"
+    module.write_text(
+        "def verify(draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed, **optional):\n"
+        "    raise NotImplementedError('sampled drafts are next week')\n"
+    )
+    report = tmp_path / "report.json"
+    only = ["--only", "argmax/plain", "--scale", "0.02", "--json", str(report), "--verifier", f"{module}:verify"]
+    assert main(only) == 1
+    out = capsys.readouterr().out
+    scenarios = json.loads(report.read_text())["scenarios"]
+    assert scenarios and all(s["verdict"] == "raised" for s in scenarios)
+    message = "raised NotImplementedError: sampled drafts are next week"
+    assert all(s["problems"] == [message] for s in scenarios)
+    for s in scenarios:
+        assert f"{s['name']}: {message}" in out  # listed under the tables, scenario by scenario
+    assert f"the verifier raised in {len(scenarios)} of {len(scenarios)} scenarios" in " ".join(out.split())
+    assert "drafter invariance raised" in out

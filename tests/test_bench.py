@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import specverify as sv
@@ -34,11 +35,23 @@ def test_the_last_line_is_one_json_object_with_every_case(capsys):
     assert any(line.startswith("argmax, validate=False") for line in lines)  # the table
 
 
-def test_bad_arguments_name_the_argument(capsys):
-    assert main(["bench", "--repeats", "0"]) == 2
-    assert "--repeats must be >= 1 (got 0)" in capsys.readouterr().err
-    assert main(["bench", "--modes", "argmax,fast"]) == 2
-    assert "unknown --modes ['fast']" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--repeats", "0"], "--repeats must be >= 1 (got 0)"),
+        (["--drafts", "-1"], "--drafts must be >= 0 (got -1)"),
+        (["--threads", "-1"], "--threads must be >= 1 (got -1)"),
+        (["--modes", "argmax,fast"], "--modes must name cases among argmax, sampled, relaxed, greedy, sort (got 'argmax,fast')"),
+        (["--modes", ","], "--modes must name cases among argmax, sampled, relaxed, greedy, sort (got ',')"),
+        (["--vocab", "1000000000"], "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 7,152.6 GiB"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_any_work(capsys, argv, message):
+    threads = torch.get_num_threads()
+    assert main(["bench", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"specverify bench: error: {message}") and err.count("\n") == 1
+    assert torch.get_num_threads() == threads
 
 
 def test_the_sort_based_baseline_draws_inside_the_truncated_support():

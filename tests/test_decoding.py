@@ -248,6 +248,41 @@ def test_bad_arguments_name_themselves(target):
         row_params([SamplingParams()], 2)
 
 
+class CountingModel:
+    """The real model, counting the sessions opened on it (a session is where decoding starts)."""
+
+    def __init__(self, model):
+        self.model, self.sessions = model, 0
+        self.vocab_size, self.max_context = model.vocab_size, model.max_context
+
+    def session(self, batch_size: int):
+        self.sessions += 1
+        return self.model.session(batch_size)
+
+
+def test_prompt_plus_max_tokens_beyond_the_context_is_refused_before_decoding(target):
+    from specverify.decoding.model import ContextOverflow
+
+    assert target.max_context == 256  # config.max_position_embeddings
+    counted = CountingModel(target)
+    fits, long = [[7] * 246, [8] * 10], [[7] * 250, [8] * 10]
+    message = (
+        r"prompt \(250 tokens\) \+ max_tokens \(10\) = 260 exceeds the model's context of 256 tokens "
+        r"\(at row 0\); shorten the prompt or lower max_tokens"
+    )
+    for generate in (plain, lambda *a, **kw: spec(*a, NgramDrafter(), **kw)):
+        with pytest.raises(ContextOverflow, match=message):
+            generate(counted, prompts=long, params=SamplingParams(), max_tokens=10, seed=0)
+        assert counted.sessions == 0
+        result = generate(counted, prompts=fits, params=SamplingParams(), max_tokens=10, seed=0)
+        assert [len(t) for t in result.tokens] == [10, 10]  # exactly the context: runs to the end
+        counted.sessions = 0
+    assert issubclass(ContextOverflow, ValueError)
+    # a model that states no limit (the protocol's max_context is optional) is not limited
+    markov = MarkovModel(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0)))
+    assert len(plain(markov, prompts=[[3] * 300], params=SamplingParams(), max_tokens=5, seed=0).tokens[0]) == 5
+
+
 def test_int_seed_spreads_over_rows_like_the_verifier():
     golden = 0x9E3779B97F4A7C15
     seeds = base_seeds(7, 3)

@@ -114,12 +114,15 @@ def test_generate_sampled_proposals(model_folder, capsys):
         (["--top-p", "1.5", "hi"], "--top-p must be in (0, 1] (got 1.5)"),
         (["--draft-proposal", "best", "hi"], "--draft-proposal must be 'argmax' or 'sampled'"),
         (["--drafter", "model", "hi"], "--drafter model needs --draft-model"),
+        (["--draft-model", "smollm2", "hi"], "--draft-model is used only with --drafter model (got --drafter ngram)"),
         (["--min-ngram", "4", "hi"], "--min-ngram must be 1, 2 or 3 (got 4)"),
         (
             ["--model", "/nowhere/model.gguf", "hi"],
             "model must be 'smollm2', a .gguf file or a transformers model folder",
         ),
         (["--max-tokens", "many", "hi"], "argument --max-tokens: invalid int value: 'many'"),
+        (["--seed", str(2**64), "hi"], f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {2**64})"),
+
     ],
 )
 def test_bad_input_is_one_line(capsys, argv, message):
@@ -127,6 +130,33 @@ def test_bad_input_is_one_line(capsys, argv, message):
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_draft_model_is_one_line_before_the_target_loads(model_folder, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_pretrained", no_loading)
+    code, out, err = run(
+        capsys, "generate", "w3 w4", "--model", str(model_folder), "--drafter", "model", "--draft-model", "/nowhere"
+    )
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: --draft-model: model must be 'smollm2', a .gguf file or a transformers "
+        "model folder (got '/nowhere')\n"
+    )
+
+
+def test_prompt_beyond_the_context_is_one_line(model_folder, capsys):
+    prompt = " ".join(f"w{i % 30}" for i in range(120))  # 120 tokens; the model's context is 128
+    code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "9")
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: prompt (120 tokens) + max_tokens (9) = 129 exceeds the model's context "
+        "of 128 tokens (at row 0); shorten the prompt or lower max_tokens\n"
+    )
+    code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "8")
+    assert code == 0, err
 
 
 def test_missing_model_package_says_the_pip_command(capsys, monkeypatch):

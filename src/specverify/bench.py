@@ -366,28 +366,59 @@ def print_table(results: dict) -> None:
               f"{entry['x_softmax']:10.2f} {memory:>18s}")
 
 
+#: The cases --modes may name.
+MODES = ("argmax", "sampled", "relaxed", "greedy", "sort", "tree")
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", "-B", type=int, default=32, help="requests B (default 32)")
     parser.add_argument("--drafts", "-K", type=int, default=4, help="draft positions K (default 4)")
     parser.add_argument("--vocab", "-V", type=int, default=128256, help="vocabulary V (default 128256)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    parser.add_argument("--modes", default="argmax,sampled,relaxed,greedy,sort,tree",
-                        help="comma-separated cases among argmax, sampled, relaxed, greedy, sort, tree (default "
-                             "all); tree: an argmax-mode tree of 4K nodes and depth K beside the chain of K = 4K")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated cases among {', '.join(MODES)} (default all); tree: an argmax-mode "
+                             "tree of 4K nodes and depth K beside the chain of K = 4K")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="where the logits live: cpu (default) or cuda (cuda:N)")
 
 
-def run_bench_command(args: argparse.Namespace) -> int:
-    for name in ("batch", "drafts", "vocab", "repeats"):
-        if getattr(args, name) < (0 if name == "drafts" else 1):
-            print(f"specverify bench: error: --{name} must be >= {0 if name == 'drafts' else 1} (got {getattr(args, name)})", file=sys.stderr)
-            return 2
+def memory_estimate(batch: int, positions: int, vocab: int, modes: list[str]) -> int:
+    """Bytes the benchmark holds at its peak, roughly: about 4 float32 copies of the logits (the logits,
+    the draft distributions, softmax's output, the verifier's scratch), 12 with the sort-based baseline
+    (its sorted values, int64 order, cumulative sums and masks)."""
+    copies = 12 if "sort" in modes else 4
+    rows = positions + 1 + (TREE_WIDTH * positions + 1 if "tree" in modes else 0)  # the tree's batch beside
+    return batch * rows * vocab * 4 * copies
+
+
+def bench_modes(args: argparse.Namespace) -> list[str]:
+    """Check the bench arguments before anything is allocated -> the modes; ValueError says what is wrong."""
+    for name, low in (("batch", 1), ("drafts", 0), ("vocab", 1), ("repeats", 1)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name} must be >= {low} (got {getattr(args, name)})")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1 (got {args.threads})")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = set(modes) - {"argmax", "sampled", "relaxed", "greedy", "sort", "tree"}
-    if unknown:
-        print(f"specverify bench: error: unknown --modes {sorted(unknown)} (choose among argmax, sampled, relaxed, greedy, sort, tree)", file=sys.stderr)
+    unknown = set(modes) - set(MODES)
+    if unknown or not modes:
+        raise ValueError(f"--modes must name cases among {', '.join(MODES)} (got {args.modes!r})")
+    needed = memory_estimate(args.batch, args.drafts, args.vocab, modes)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > physical:
+        raise ValueError(
+            f"--batch {args.batch} x (--drafts {args.drafts} + 1) x --vocab {args.vocab} logits need about "
+            f"{needed / 2**30:,.1f} GiB while the benchmark runs, more than this machine's {physical / 2**30:.1f} GiB: "
+            f"use a smaller --vocab or --batch"
+        )
+    return modes
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    try:
+        modes = bench_modes(args)
+    except ValueError as err:
+        print(f"specverify bench: error: {err}", file=sys.stderr)
         return 2
     try:
         device = torch.device(args.device)

@@ -92,10 +92,14 @@ def _generate_settings(args: argparse.Namespace):
         raise UsageError(f"--drafter must be 'ngram' or 'model' (got {args.drafter!r})")
     if args.drafter == "model" and not args.draft_model:
         raise UsageError("--drafter model needs --draft-model: 'smollm2', a .gguf file or a model folder")
+    if args.draft_model and args.drafter != "model":
+        raise UsageError(f"--draft-model is used only with --drafter model (got --drafter {args.drafter})")
     if not 1 <= args.min_ngram <= 3:
         raise UsageError(f"--min-ngram must be 1, 2 or 3 (got {args.min_ngram})")
     if args.draft_proposal not in ("argmax", "sampled"):
         raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
+    if not -(2**63) <= args.seed < 2**64:
+        raise UsageError(f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {args.seed})")
     for flag, value, low in (
         ("-k/--draft-tokens", args.draft_tokens, 0),
         ("--max-tokens", args.max_tokens, 1),
@@ -197,8 +201,16 @@ def _thinking_regions(args: argparse.Namespace, target):
 def _load_models(args: argparse.Namespace, console):
     """The target and the drafter the arguments name -> (LoadedModel, Drafter)."""
     from .decoding import ModelDrafter, NgramDrafter
-    from .decoding.loading import MissingModel, load_model
+    from .decoding.loading import MissingModel, load_model, locate_model
 
+    names = {"--model": args.model, "--draft-model": args.draft_model if args.drafter == "model" else None}
+    for flag, name in names.items():  # both checked before either is loaded
+        if name is None:
+            continue
+        try:
+            locate_model(name)
+        except MissingModel as err:
+            raise UsageError(f"{flag}: {err}") from None
     with _status(console, f"loading {args.model} (the first run converts and caches it)"):
         try:
             target = load_model(args.model)
@@ -261,6 +273,7 @@ def _decode(args: argparse.Namespace, target, drafter, ids: list[int], params, r
     """Speculative decoding, then plain decoding with --compare -> (speculative, plain or None) results."""
     from .decoding import plain_generate, speculative_generate
     from .decoding.grammar import GrammarDeadEnd
+    from .decoding.model import ContextOverflow
 
     try:
         spec = speculative_generate(
@@ -278,7 +291,7 @@ def _decode(args: argparse.Namespace, target, drafter, ids: list[int], params, r
             return spec, None
         with _status(console, "decoding again without speculation"):
             return spec, plain_generate(target.model, [ids], params, **common)
-    except GrammarDeadEnd as err:
+    except (GrammarDeadEnd, ContextOverflow) as err:
         raise UsageError(str(err)) from None
 
 

@@ -28,17 +28,24 @@ def compute_synthetic_acceptance_base_rate(p_avg: float, n: int) -> float:
     """The per-position acceptance rate r whose mean joint acceptance over n positions is p_avg.
 
     Position k (1-based) is reached with probability r**k, so the expected accepted length is
-    sum_{k=1..n} r**k and its mean per drafted position is p_avg = (1/n) * sum_{k=1..n} r**k; solved
-    for r by bisection (the mean is increasing in r). p_avg in [0, 1]; n >= 1. Returns r in [0, 1].
+    sum_{k=1..n} r**k and its mean per drafted position is p_avg = (1/n) * sum_{k=1..n} r**k. The mean
+    is increasing in r, 0 only at r = 0 and 1 only at r = 1, so the endpoints are returned exactly (as is
+    p_avg itself for n = 1); otherwise r is found by bisection down to float resolution, and the closer
+    of the last two candidates is returned. p_avg in [0, 1]; n >= 1. Returns r in [0, 1].
     """
     p_avg = checks.check_float("p_avg", p_avg, 0.0, 1.0, "in [0, 1]")
     n = checks.check_int("n", n, minimum=1)
+    if p_avg in (0.0, 1.0) or n == 1:
+        return p_avg
     low, high = 0.0, 1.0
-    for _ in range(200):
-        middle = (low + high) / 2
-        mean = sum(middle**k for k in range(1, n + 1)) / n
-        low, high = (middle, high) if mean < p_avg else (low, middle)
-    return (low + high) / 2
+    while low < (middle := (low + high) / 2) < high:
+        low, high = (middle, high) if _mean_joint_acceptance(middle, n) < p_avg else (low, middle)
+    return min((low, high), key=lambda r: abs(_mean_joint_acceptance(r, n) - p_avg))
+
+
+def _mean_joint_acceptance(r: float, n: int) -> float:
+    """(1/n) * sum_{k=1..n} r**k: the mean per drafted position of the expected accepted length."""
+    return sum(r**k for k in range(1, n + 1)) / n
 
 
 def synthetic_acceptance_sampler(

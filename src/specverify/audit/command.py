@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 DESCRIPTION = (
@@ -18,6 +21,9 @@ DESCRIPTION = (
 INSTALL_HINT = "pip install 'specverify[audit]'"
 #: The chance that a correct verifier fails some test of the audit, by default.
 DEFAULT_ALPHA = 1e-3
+#: Memory a batched call holds per target logit, roughly: the float32 logits, float64 draft
+#: distributions in sampled mode and the verifier's float32 scratch.
+BYTES_PER_LOGIT = 16
 
 
 class _Invalid(Exception):
@@ -53,8 +59,8 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not args.scale > 0:
-        raise _Invalid(f"--scale must be > 0 (got {args.scale})")
+    if not 0 < args.scale < math.inf:
+        raise _Invalid(f"--scale must be > 0 and finite (got {args.scale})")
     if not 0 < args.alpha < 1:
         raise _Invalid(f"--alpha must be in (0, 1) (got {args.alpha})")
     needed = ["numpy", "scipy", "rich"] + (["matplotlib"] if args.plots else [])
@@ -69,6 +75,26 @@ def _check(args: argparse.Namespace) -> None:
         torch.empty(0, device=args.device)
     except (RuntimeError, AssertionError) as err:
         raise _Invalid(f"--device {args.device!r} is not usable here ({err})") from None
+    if args.json is not None:
+        if args.json.is_dir():
+            raise _Invalid(f"--json {str(args.json)!r} is a folder: give a file name, e.g. {args.json / 'audit.json'}")
+        _check_writable(args.json.parent, "--json", args.json)
+    if args.plots is not None:
+        _check_writable(args.plots, "--plots", args.plots)
+
+
+def _check_writable(folder: Path, flag: str, given: Path) -> None:
+    """Create `folder` if needed and write a scratch file in it, so that a destination that cannot be
+    written fails before the audit runs rather than after."""
+    blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise _Invalid(f"{flag} {str(given)!r} cannot be written ({blocking} is a file, not a folder)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise _Invalid(f"{flag} {str(given)!r} cannot be written ({err.strerror or err}: {err.filename or folder})") from None
 
 
 def _audit(args: argparse.Namespace, console):
@@ -87,6 +113,7 @@ def _audit(args: argparse.Namespace, console):
     if not scenarios:
         raise _Invalid(f"--only {args.only!r} matches no scenario{' of --quick' if args.quick else ''}")
     scale = args.scale * (QUICK_FRACTION if args.quick else 1.0)
+    _check_memory(scenarios, scale, args.scale)
     invariance = None if args.no_invariance or verifier.tree else {"ks": (1, 4) if args.quick else (1, 3, 5)}
     columns = (SpinnerColumn(), TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
@@ -98,6 +125,22 @@ def _audit(args: argparse.Namespace, console):
 
         return run_audit(verifier, scenarios, scale=scale, seed=args.seed, alpha=args.alpha, device=args.device,
                          invariance=invariance, progress=progress, tree_verifier=tree_verifier)  # fmt: skip
+
+
+def _check_memory(scenarios, scale: float, flag_value: float) -> None:
+    """Refuse a --scale (flag_value; scale: with --quick's fraction) whose largest batched call cannot fit
+    in this machine's memory, before anything runs."""
+    from .runner import scaled_rows
+
+    largest = max(scenarios, key=lambda s: scaled_rows(s, scale) * (s.positions + 1) * s.vocab)
+    rows = scaled_rows(largest, scale)
+    needed = rows * (largest.positions + 1) * largest.vocab * BYTES_PER_LOGIT
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > physical:
+        raise _Invalid(
+            f"--scale {flag_value:g} gives {largest.name} {rows:,} rows, about {needed / 2**30:,.1f} GiB, more than "
+            f"this machine's {physical / 2**30:.1f} GiB: use a smaller --scale"
+        )
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

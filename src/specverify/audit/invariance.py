@@ -121,7 +121,8 @@ def decode_speculatively(
 
 @dataclass(frozen=True)
 class DecodeRun:
-    """One (drafter, K): identical to plain sampling or not; difference says where, or what it raised."""
+    """One (drafter, K): identical to plain sampling or not; difference says where; raised, what the
+    verifier raised (then identical is False)."""
 
     drafter: str
     k: int
@@ -129,6 +130,7 @@ class DecodeRun:
     proposed: int = 0
     accepted: int = 0
     difference: str = ""
+    raised: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def check_drafter_invariance(
             try:
                 run = decode_speculatively(verify, name, k, length, base_seed, plain)
             except Exception as err:  # a verifier under audit may raise anything; the report says what
-                runs.append(DecodeRun(name, k, False, difference=f"raised {type(err).__name__}: {err}"))
+                runs.append(DecodeRun(name, k, False, raised=f"{type(err).__name__}: {err}"))
                 continue
             difference = _first_difference(run.tokens, [p[:length] for p in plain])
             runs.append(DecodeRun(name, k, not difference, run.proposed, run.accepted, difference))

@@ -11,7 +11,9 @@ from rich.text import Text
 from . import runner, stats
 from .runner import AuditResult, ScenarioResult
 
-VERDICT_STYLE = {"pass": "green", "FAIL": "bold red", "lossy": "yellow", "skipped": "dim", "error": "magenta"}
+VERDICT_STYLE = {"pass": "green", "FAIL": "bold red", "lossy": "yellow", "skipped": "dim", "raised": "bold magenta"}
+#: How much of an exception's message a table cell shows (the full text is listed under the tables).
+SHOWN_MESSAGE = 80
 
 
 def _verdict(verdict: str) -> Text:
@@ -34,6 +36,15 @@ def _shape(result: ScenarioResult) -> list[str]:
     return [s.name, s.setting, str(s.vocab), str(s.positions), f"{result.rows:,}"]
 
 
+def _unjudged_cells(result: ScenarioResult, columns: int) -> list[str]:
+    """The statistics cells of a scenario that was not judged: what the verifier raised, or blanks."""
+    cells = [""] * columns
+    if result.verdict == "raised":
+        message = result.problems[0]
+        cells[0] = message if len(message) <= SHOWN_MESSAGE else message[: SHOWN_MESSAGE - 1] + "…"
+    return cells
+
+
 def _shape_columns(table: Table) -> None:
     table.add_column("scenario")
     table.add_column("setting", style="dim")
@@ -54,7 +65,7 @@ def lossless_table(audit: AuditResult) -> Table:
         if not result.scenario.lossless:
             continue
         if not result.positions:
-            table.add_row(*_shape(result), "", "", "", "", _verdict(result.verdict))
+            table.add_row(*_shape(result), *_unjudged_cells(result, 4), _verdict(result.verdict))
             continue
         worst = result.worst.fit
         table.add_row(
@@ -81,7 +92,7 @@ def relaxed_table(audit: AuditResult) -> Table | None:
     table.add_column("verdict")
     for result in results:
         if not result.positions:
-            table.add_row(*_shape(result), "", "", "", _verdict(result.verdict))
+            table.add_row(*_shape(result), *_unjudged_cells(result, 3), _verdict(result.verdict))
             continue
         farthest = max(result.positions, key=lambda p: p.exact_divergence)
         table.add_row(
@@ -115,6 +126,9 @@ def invariance_table(audit: AuditResult) -> Group | Text | None:
         cells = []
         for k in ks:
             run = next(r for r in check.runs if r.drafter == drafter and r.k == k)
+            if run.raised:
+                cells.append(Text("raised", style=VERDICT_STYLE["raised"]))
+                continue
             mark = Text("identical", style="green") if run.identical else Text("DIFFERS", style="bold red")
             cells.append(Text.assemble(f"{run.accepted}/{run.proposed} ", mark))
         table.add_row(drafter, *cells)
@@ -124,19 +138,20 @@ def invariance_table(audit: AuditResult) -> Group | Text | None:
 def problems(audit: AuditResult) -> list[str]:
     """Every problem a scenario or the invariance check reported, one line each."""
     lines = [f"{r.scenario.name}: {p}" for r in audit.scenarios for p in r.problems]
-    differing = [run for run in audit.invariance.runs if run.difference] if audit.invariance else []
-    if differing:
-        first = differing[0]
-        lines.append(
-            f"drafter invariance: {len(differing)} of {len(audit.invariance.runs)} runs differ "
-            f"(first: {first.drafter} drafter, K={first.k}, {first.difference})"
-        )
+    runs = audit.invariance.runs if audit.invariance else ()
+    for what, failing in (("differ", [r for r in runs if r.difference]), ("raised", [r for r in runs if r.raised])):
+        if failing:
+            first = failing[0]
+            lines.append(
+                f"drafter invariance: {len(failing)} of {len(runs)} runs {what} "
+                f"(first: {first.drafter} drafter, K={first.k}, {first.difference or first.raised})"
+            )
     return lines
 
 
 def summary(audit: AuditResult) -> Text:
     """The one-line verdict."""
-    lossless = [r for r in audit.scenarios if r.scenario.lossless and r.verdict in ("pass", "FAIL")]
+    lossless = [r for r in audit.scenarios if r.scenario.lossless and r.verdict in ("pass", "FAIL", "raised")]
     passing = sum(r.verdict == "pass" for r in lossless)
     head = Text("PASS", style="bold green") if audit.passed else Text("FAIL", style="bold red")
     failed = ", ".join(r.scenario.name for r in audit.failed)
@@ -145,8 +160,13 @@ def summary(audit: AuditResult) -> Text:
         f" · {audit.tests} chi-square tests at family-wise α = {audit.alpha:g}"
         f" (Bonferroni: each p ≥ {audit.level:.2g})",
     ]
-    if audit.invariance is not None and not audit.invariance.skipped:
-        parts.append(" · drafter invariance " + ("identical" if audit.invariance.identical else "DIFFERS"))
+    if audit.raised:
+        first = audit.raised[0].problems[0].removeprefix("raised ")
+        parts.append(f" · the verifier raised in {len(audit.raised)} of {len(audit.scenarios)} scenarios ({first})")
+    check = audit.invariance
+    if check is not None and not check.skipped:
+        verdict = "identical" if check.identical else "raised" if any(r.raised for r in check.runs) else "DIFFERS"
+        parts.append(f" · drafter invariance {verdict}")
     skipped = [r.scenario.name for r in audit.scenarios if r.verdict == "skipped"]
     if skipped:
         parts.append(f" · skipped: {', '.join(skipped)}")

@@ -59,7 +59,8 @@ class PositionResult:
 class ScenarioResult:
     """One scenario judged. verdict: 'pass' or 'FAIL' (lossless; any scenario whose outputs break the
     contract FAILs), 'lossy' (relaxed), 'skipped' (the verifier lacks an argument the scenario needs) or
-    'error' (the verifier raised on a relaxed scenario, which it may not support)."""
+    'raised' (the verifier raised; problems holds the exception; a failure on a lossless scenario, not on
+    a relaxed one, which a verifier may not support)."""
 
     scenario: Scenario
     rows: int
@@ -120,7 +121,12 @@ class AuditResult:
 
     @property
     def failed(self) -> list[ScenarioResult]:
-        return [r for r in self.scenarios if r.verdict == "FAIL"]
+        return [r for r in self.scenarios if r.verdict == "FAIL" or (r.verdict == "raised" and r.scenario.lossless)]
+
+    @property
+    def raised(self) -> list[ScenarioResult]:
+        """The scenarios on which the verifier raised."""
+        return [r for r in self.scenarios if r.verdict == "raised"]
 
     @property
     def passed(self) -> bool:
@@ -307,8 +313,7 @@ def audit_scenario(
     try:
         observation = observe(verifier, scenario, rows, seed, device)
     except Exception as err:  # a verifier under audit may raise anything; the report says what
-        verdict = "FAIL" if scenario.lossless else "error"
-        return ScenarioResult(scenario, rows, verdict, (f"raised {type(err).__name__}: {err}",))
+        return ScenarioResult(scenario, rows, "raised", (f"raised {type(err).__name__}: {err}",))
     return judge(scenario, observation, level)
 
 

@@ -36,6 +36,9 @@ DEFAULT_VERIFIER = "specverify:stochastic_acceptance_sampler"
 DEFAULT_TREE_VERIFIER = "specverify:tree_acceptance_sampler"
 CHAIN_OUTPUTS = ("first_rejected_idx", "recovered_tokens", "bonus_tokens")
 TREE_OUTPUTS = ("path", "path_length", "next_token")
+#: The leading arguments, passed by position: of a chain verifier (SPEC §1) and of a tree verifier (SPEC §8).
+POSITIONAL_ARGUMENTS = ("draft_tokens", "target_logits", "temperature", "top_k", "max_k", "top_p", "min_top_p", "seed")
+TREE_POSITIONAL_ARGUMENTS = ("draft_tokens", "parents", "target_logits", "temperature", "top_k", "top_p", "seed")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,11 @@ def as_verifier(function: Callable, name: str | None = None, tree: bool | None =
 
 def load_verifier(spec: str, tree: bool | None = None) -> Verifier:
     """'module:function' (the current directory is importable) or 'path/to/file.py:function'; tree as in
-    as_verifier."""
+    as_verifier.
+
+    ValueError, saying why, when the spec names nothing, something that is not callable, or a callable
+    that cannot take the positional arguments of stochastic_acceptance_sampler (tree_acceptance_sampler
+    for a tree verifier)."""
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"verifier must be 'module:function' or 'file.py:function' (got {spec!r})")
@@ -96,7 +103,47 @@ def load_verifier(spec: str, tree: bool | None = None) -> Verifier:
         if not hasattr(function, part):
             raise ValueError(f"verifier {spec!r}: {module_name} has no attribute {attribute!r}")
         function = getattr(function, part)
+    if tree is None:
+        tree = _has_parameter(function, "parents")
+    check_signature(function, spec, tree)
     return as_verifier(function, spec, tree)
+
+
+def _has_parameter(function: object, name: str) -> bool:
+    """Whether `function`'s readable signature has a parameter called `name`."""
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_signature(function: object, name: str, tree: bool = False) -> None:
+    """ValueError unless `function` is callable with the positional arguments of stochastic_acceptance_sampler
+    (tree: of tree_acceptance_sampler); a callable whose signature cannot be read is given the benefit."""
+    reference, arguments = (
+        ("tree_acceptance_sampler", TREE_POSITIONAL_ARGUMENTS) if tree
+        else ("stochastic_acceptance_sampler", POSITIONAL_ARGUMENTS)
+    )
+    if not callable(function):
+        raise ValueError(
+            f"verifier {name!r} is a {type(function).__name__}, not a function: name a callable with the "
+            f"{reference} signature"
+        )
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as err:
+        empty = inspect.Parameter.empty
+        bare = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()], return_annotation=empty
+        )
+        raise ValueError(
+            f"verifier {name!r} takes {bare} ({err}), not the {len(arguments)} positional arguments of "
+            f"{reference} ({', '.join(arguments)})"
+        ) from None
 
 
 def _import_module(name: str):

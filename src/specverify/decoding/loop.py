@@ -21,7 +21,7 @@ import specverify
 
 from .drafters import Drafter, pad_rows
 from .grammar import Grammar, GrammarMatchers, grammar_rows
-from .model import PAD, LanguageModel, Session
+from .model import PAD, LanguageModel, Session, check_context
 from .params import RowParams, SamplingParams, base_seeds, row_params
 from .result import GenerationResult, StepEvent
 from .thinking import ThinkingRegions
@@ -101,7 +101,9 @@ class _Requests:
 
 
 def _prefill(target: LanguageModel, requests: _Requests, result: GenerationResult) -> Session:
-    """A session holding every prompt but its last token."""
+    """A session holding every prompt but its last token (after checking that every request fits the
+    target's context)."""
+    check_context(target, requests.contexts, requests.max_tokens)
     start = time.perf_counter()
     session = target.session(len(requests.contexts))
     session.extend(pad_rows([c[:-1] for c in requests.contexts]), return_logits=False)

@@ -5,6 +5,8 @@ request b) and whatever cache makes extending them cheap. The loop needs only tw
 `extend` appends tokens to every row and returns the logits at the appended positions, and `truncate`
 rolls rows back to shorter contexts (dropping rejected draft tokens). A user brings another model by
 implementing these two methods; `HFLanguageModel` wraps any transformers causal LM with a KV cache.
+A model may also say how many positions it can attend over (`max_context`); the loops then refuse, before
+any decoding, a request whose prompt plus max_tokens does not fit (`check_context`).
 """
 
 from __future__ import annotations
@@ -35,13 +37,37 @@ class Session(Protocol):
 
 
 class LanguageModel(Protocol):
-    """A causal language model over `vocab_size` tokens."""
+    """A causal language model over `vocab_size` tokens. Optionally `max_context`: the most positions a
+    context may hold (prompt plus generated tokens), or None for no limit (the same when absent)."""
 
     vocab_size: int
 
     def session(self, batch_size: int) -> Session:
         """A new, empty batch of `batch_size` contexts."""
         ...
+
+
+class ContextOverflow(ValueError):
+    """A request's prompt plus max_tokens exceeds the model's context."""
+
+
+def check_context(model: LanguageModel, prompts, max_tokens: int) -> None:
+    """Raise ContextOverflow when a prompt's length plus max_tokens exceeds model.max_context (a row's
+    last generated token is never fed to the model, but a context of prompt + max_tokens must fit, as in
+    vLLM's max_model_len). Nothing is truncated: truncating a prompt silently changes the answer.
+
+    prompts: B token-id lists; max_tokens: int >= 0.
+    """
+    limit = getattr(model, "max_context", None)
+    if limit is None:
+        return
+    for row, prompt in enumerate(prompts):
+        if len(prompt) + max_tokens > limit:
+            raise ContextOverflow(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) = {len(prompt) + max_tokens} "
+                f"exceeds the model's context of {limit} tokens (at row {row}); shorten the prompt or "
+                f"lower max_tokens"
+            )
 
 
 def check_extension(tokens: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -79,6 +105,8 @@ class HFLanguageModel:
     def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        #: The positions the model was trained on (config.max_position_embeddings; None if it has none).
+        self.max_context = getattr(model.config, "max_position_embeddings", None)
 
     def session(self, batch_size: int) -> HFSession:
         return HFSession(self.model, self.vocab_size, batch_size)

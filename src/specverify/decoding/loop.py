@@ -25,6 +25,7 @@ from .model import PAD, LanguageModel, Session
 from .params import RowParams, SamplingParams, base_seeds, row_params
 from .result import GenerationResult, StepEvent
 from .thinking import ThinkingRegions
+from .warmup import warm_up
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
 
@@ -101,11 +102,13 @@ class _Requests:
 
 
 def _prefill(target: LanguageModel, requests: _Requests, result: GenerationResult) -> Session:
-    """A session holding every prompt but its last token."""
+    """A session holding every prompt but its last token, after the one-time warm-up (`warmup`), so that
+    neither is timed as decoding."""
     start = time.perf_counter()
     session = target.session(len(requests.contexts))
     session.extend(pad_rows([c[:-1] for c in requests.contexts]), return_logits=False)
     result.prefill_seconds = time.perf_counter() - start
+    result.warmup_seconds = warm_up(target.vocab_size, session.lengths.device)
     return session
 
 

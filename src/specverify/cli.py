@@ -47,7 +47,14 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 (default) is off")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob; 0 (default) is off")
     p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key seed + n")
-    p.add_argument("-k", "--draft-tokens", type=int, default=4, help="K, draft tokens per verify step (default 4)")
+    p.add_argument(
+        "-k",
+        "--draft-tokens",
+        type=_draft_length,
+        default="auto",
+        help="K, draft tokens per verify step: an int >= 0, or 'auto' (default): chosen every step from the "
+        "running acceptance and the measured cost of each K, 0 (a plain step) included",
+    )
     p.add_argument(
         "--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)"
     )
@@ -78,6 +85,19 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_generate)
 
 
+def _draft_length(value: str) -> int | str:
+    """-k/--draft-tokens: 'auto' or an int >= 0."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an int >= 0 (got {value!r})")
+    return k
+
+
 def _generate_settings(args: argparse.Namespace):
     """Check the generate arguments before anything is loaded -> (prompt text, SamplingParams)."""
     from .decoding.examples import EXAMPLES
@@ -97,7 +117,6 @@ def _generate_settings(args: argparse.Namespace):
     if args.draft_proposal not in ("argmax", "sampled"):
         raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
     for flag, value, low in (
-        ("-k/--draft-tokens", args.draft_tokens, 0),
         ("--max-tokens", args.max_tokens, 1),
         ("--threads", args.threads, 1),
     ):

@@ -119,7 +119,7 @@ def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> li
 
     def timed(width: int) -> float:
         start = time.perf_counter()
-        session.extend(last_tokens.expand(-1, width))
+        float(session.extend(last_tokens.expand(-1, width))[0, -1, 0])  # reading a value waits for the device
         seconds = time.perf_counter() - start
         session.truncate(before)
         return seconds

@@ -41,6 +41,8 @@ DECAY = 0.8
 POSITIONS = 4
 #: Weight (in observations) of a position's prior: 0.5 for the first, the previous one's rate after.
 PRIOR = 1.0
+#: The prior acceptance rate of draft position 0, before a row has been observed.
+FIRST_PRIOR = 0.5
 #: Weight of a new step time in a width's running cost.
 COST_RATE = 0.3
 
@@ -161,7 +163,7 @@ class AdaptiveDraftLength:
     def acceptance(self) -> torch.Tensor:
         """float64 [B, POSITIONS]: each row's running acceptance rate at each draft position, given that
         the positions before it were accepted (the last one stands for every later position)."""
-        rates, prior = [], torch.full(self.successes.shape[:1], 0.5, dtype=torch.float64)
+        rates, prior = [], torch.full(self.successes.shape[:1], FIRST_PRIOR, dtype=torch.float64)
         for j in range(POSITIONS):  # a position seen rarely leans on the one before it
             s, f = self.successes[:, j], self.failures[:, j]
             prior = (s + PRIOR * prior) / (s + f + PRIOR)

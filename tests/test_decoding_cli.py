@@ -108,9 +108,10 @@ def test_generate_sampled_proposals(model_folder, capsys):
     ("argv", "message"),
     [
         (["--drafter", "eagle", "hi"], "--drafter must be 'ngram' or 'model' (got 'eagle')"),
-        (["-k", "-1", "hi"], "-k/--draft-tokens must be >= 0 (got -1)"),
+        (["-k", "-1", "hi"], "-k/--draft-tokens: must be 'auto' or an int >= 0 (got '-1')"),
+        (["-k", "four", "hi"], "-k/--draft-tokens: must be 'auto' or an int >= 0 (got 'four')"),
         (["   "], "PROMPT is empty"),
-        ([], "give a PROMPT or --example NAME"),
+        ([], "give a PROMPT, --example NAME or --requests FILE.jsonl (one of them)"),
         (["--top-p", "1.5", "hi"], "--top-p must be in (0, 1] (got 1.5)"),
         (["--draft-proposal", "best", "hi"], "--draft-proposal must be 'argmax' or 'sampled'"),
         (["--drafter", "model", "hi"], "--drafter model needs --draft-model"),

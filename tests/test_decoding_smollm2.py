@@ -38,3 +38,21 @@ def test_speculative_equals_plain_on_smollm2(smollm2, params):
     assert spec.tokens == plain.tokens
     assert spec.steps < plain.steps  # the drafts were used
     assert "quick brown fox" in smollm2.tokenizer.decode(spec.tokens[0])
+
+
+def test_a_batch_of_requests_decodes_each_as_alone_on_smollm2(smollm2):
+    """Ragged drafts, per-row parameters and seeds, auto K: each request's tokens are those it gets alone
+    (and those of plain batched decoding)."""
+    from specverify.decoding.batch import run_requests
+    from specverify.decoding.requests import Request
+
+    requests = [
+        Request(EXAMPLES["copy"], SamplingParams(), seed=1, max_tokens=24),
+        Request(EXAMPLES["chat"], SamplingParams(temperature=0.7, top_p=0.9), seed=3, max_tokens=16),
+        Request(EXAMPLES["code"], SamplingParams(temperature=0.7, top_k=40), seed=5, max_tokens=24),
+    ]
+    batch = run_requests(smollm2, NgramDrafter(), requests, k="auto", compare=True)
+    assert batch.identical == [True, True, True]
+    assert [len(t) for t in batch.speculative.tokens] == [24, 16, 24]
+    for request, tokens in zip(requests, batch.speculative.tokens):
+        assert run_requests(smollm2, NgramDrafter(), [request], k="auto").speculative.tokens == [tokens]

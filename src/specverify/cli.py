@@ -40,6 +40,13 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="?", help="the user message (the model's chat template is applied)")
     p.add_argument("--example", choices=sorted(EXAMPLES), help="use a built-in prompt instead of PROMPT")
     p.add_argument(
+        "--requests",
+        metavar="FILE.jsonl",
+        help="a batch instead of PROMPT: one JSON object per line with prompt and optionally temperature, "
+        "top_k, top_p, min_p, seed, max_tokens, json_schema, regex or choices (omitted fields take the flags' "
+        "values); decoded together, each request's output identical to decoding it alone with its seed",
+    )
+    p.add_argument(
         "--model", default="smollm2", help="'smollm2' (default), a .gguf file or a transformers model folder"
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
@@ -47,7 +54,14 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 (default) is off")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob; 0 (default) is off")
     p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key seed + n")
-    p.add_argument("-k", "--draft-tokens", type=int, default=4, help="K, draft tokens per verify step (default 4)")
+    p.add_argument(
+        "-k",
+        "--draft-tokens",
+        type=_draft_length,
+        default="auto",
+        help="K, draft tokens per verify step: an int >= 0, or 'auto' (default): chosen every step from the "
+        "running acceptance and the measured cost of each K, 0 (a plain step) included",
+    )
     p.add_argument(
         "--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)"
     )
@@ -78,15 +92,28 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_generate)
 
 
+def _draft_length(value: str) -> int | str:
+    """-k/--draft-tokens: 'auto' or an int >= 0."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an int >= 0 (got {value!r})")
+    return k
+
+
 def _generate_settings(args: argparse.Namespace):
     """Check the generate arguments before anything is loaded -> (prompt text, SamplingParams)."""
     from .decoding.examples import EXAMPLES
     from .decoding.params import SamplingParams
 
-    if (args.prompt is None) == (args.example is None):
-        raise UsageError("give a PROMPT or --example NAME (one of them)")
-    prompt = EXAMPLES[args.example] if args.example else args.prompt
-    if not prompt.strip():
+    if sum(x is not None for x in (args.prompt, args.example, args.requests)) != 1:
+        raise UsageError("give a PROMPT, --example NAME or --requests FILE.jsonl (one of them)")
+    prompt = args.prompt if args.example is None else EXAMPLES[args.example]
+    if prompt is not None and not prompt.strip():
         raise UsageError('PROMPT is empty: give the text to answer, e.g. specverify generate "Hello!"')
     if args.drafter not in ("ngram", "model"):
         raise UsageError(f"--drafter must be 'ngram' or 'model' (got {args.drafter!r})")
@@ -101,7 +128,6 @@ def _generate_settings(args: argparse.Namespace):
     if not -(2**63) <= args.seed < 2**64:
         raise UsageError(f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {args.seed})")
     for flag, value, low in (
-        ("-k/--draft-tokens", args.draft_tokens, 0),
         ("--max-tokens", args.max_tokens, 1),
         ("--threads", args.threads, 1),
     ):
@@ -168,22 +194,6 @@ def _check_modules(modules: Sequence[str], what: str) -> None:
         )
 
 
-def _compile_grammar(setting, target):
-    """The Grammar of the --json-schema/--regex/--choices setting for the loaded target (None without one)."""
-    if setting is None:
-        return None
-    from .decoding import GrammarCompiler
-
-    kind, value = setting
-    flag = {"json_schema": "--json-schema", "regex": "--regex", "choice": "--choices"}[kind]
-    try:
-        compiler = GrammarCompiler(target.tokenizer.tokenizer, target.model.vocab_size, target.tokenizer.stop_tokens)
-        compile_ = {"json_schema": compiler.json_schema, "regex": compiler.regex, "choice": compiler.choices}[kind]
-        return compile_(value)
-    except ValueError as err:
-        raise UsageError(f"{flag}: {err}") from None
-
-
 def _thinking_regions(args: argparse.Namespace, target):
     """The ThinkingRegions of --think-begin/--think-end in the target's tokenizer (None without them)."""
     if args.think_begin is None:
@@ -227,11 +237,28 @@ def _load_models(args: argparse.Namespace, console):
     return target, ModelDrafter(draft.model)
 
 
+def _requests(args: argparse.Namespace, prompt: str | None, params, grammar_setting):
+    """The flags as the batch's requests: the one PROMPT/--example, or each line of --requests over the
+    flags' values. Checked before anything is loaded."""
+    from .decoding.requests import Request, read_requests
+
+    defaults = Request(prompt or "", params, args.seed, args.max_tokens, grammar_setting)
+    if args.requests is None:
+        return [defaults]
+    try:
+        requests = read_requests(args.requests, defaults)
+    except ValueError as err:
+        raise UsageError(f"--requests {args.requests}: {err}") from None
+    if any(r.grammar is not None for r in requests):
+        _check_modules(GRAMMAR_MODULES, "a request with json_schema/regex/choices")
+    return requests
+
+
 def run_generate(args: argparse.Namespace) -> int:
     prompt, params = _generate_settings(args)
     relaxed = _relaxed_setting(args)
     _check_modules(DEMO_MODULES, "generate")
-    grammar_setting = _grammar_setting(args)
+    requests = _requests(args, prompt, params, _grammar_setting(args))
     import torch
 
     torch.set_num_threads(args.threads)
@@ -241,101 +268,94 @@ def run_generate(args: argparse.Namespace) -> int:
 
         console = Console(highlight=False)
     target, drafter = _load_models(args, console)
-    ids = target.tokenizer.encode_chat(prompt)
-    common = {
-        "seed": args.seed,
-        "max_tokens": args.max_tokens,
-        "stop_tokens": target.tokenizer.stop_tokens,
-        "grammar": _compile_grammar(grammar_setting, target),
-        "thinking": _thinking_regions(args, target),
-    }
+    single = args.requests is None
     printer = None
     if console is not None:
         from .decoding.report import LEGEND, StreamPrinter
 
+        what = f"prompt {len(target.tokenizer.encode_chat(prompt))} tokens" if single else f"{len(requests)} requests"
         console.print(
-            f"[dim]{target.source} loaded in {target.seconds:.1f} s · prompt {len(ids)} tokens · "
+            f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
             f"K={args.draft_tokens} · drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
         )
-        console.print(LEGEND)
-        printer = StreamPrinter(target.tokenizer, console)
-    spec, plain = _decode(args, target, drafter, ids, params, relaxed, common, printer, console)
-    text = target.tokenizer.decode(spec.tokens[0])
-    check = _grammar_check(grammar_setting, spec, text)
+        if single:
+            console.print(LEGEND)
+            printer = StreamPrinter(target.tokenizer, console)
+    run = _decode(args, target, drafter, requests, relaxed, printer, console)
     if console is None:
-        _print_json(args, prompt, ids, target, spec, plain, check)
+        _print_json(args, target, run)
     else:
-        _print_table(console, spec, plain, check, relaxed is not None)
+        _print_table(console, run, relaxed is not None, single)
     return 0
 
 
-def _decode(args: argparse.Namespace, target, drafter, ids: list[int], params, relaxed, common: dict, printer, console):
-    """Speculative decoding, then plain decoding with --compare -> (speculative, plain or None) results."""
-    from .decoding import plain_generate, speculative_generate
+def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, printer, console):
+    """Speculative decoding of the requests, then plain decoding with --compare -> decoding.batch.BatchRun."""
+    from .decoding.batch import GrammarError, run_requests
     from .decoding.grammar import GrammarDeadEnd
     from .decoding.model import ContextOverflow
 
     try:
-        spec = speculative_generate(
-            target.model,
+        return run_requests(
+            target,
             drafter,
-            [ids],
-            params,
+            requests,
             k=args.draft_tokens,
             draft_proposal=args.draft_proposal,
-            on_step=printer,
+            thinking=_thinking_regions(args, target),
             relaxed=relaxed,
-            **common,
+            on_step=printer,
+            compare=args.compare,
+            around_plain=lambda: _status(console, "decoding again without speculation"),
         )
-        if not args.compare:
-            return spec, None
-        with _status(console, "decoding again without speculation"):
-            return spec, plain_generate(target.model, [ids], params, **common)
-    except (GrammarDeadEnd, ContextOverflow) as err:
+    except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
         raise UsageError(str(err)) from None
 
 
-def _grammar_check(setting, spec, text: str) -> dict | None:
-    """Whether the answer satisfies the grammar: the matcher's verdict (`complete`), and for a JSON schema
-    an independent check with `jsonschema` (`schema_error`: None when valid)."""
-    if setting is None:
-        return None
-    check = {"kind": setting[0], "complete": spec.grammar_complete[0]}
-    if setting[0] == "json_schema":
-        from .decoding.schema import schema_violation
-
-        check["schema_error"] = schema_violation(setting[1], text)
-    return check
-
-
-def _print_json(args: argparse.Namespace, prompt: str, ids: list[int], target, spec, plain, check) -> None:
-    """Everything as one JSON object on one line."""
+def _print_json(args: argparse.Namespace, target, run) -> None:
+    """Everything as one JSON object on one line: a single request's fields at the top level, a batch's
+    under "requests"."""
     from .decoding.result import speedup
 
-    print(
-        json.dumps(
-            {
-                "prompt": prompt,
-                "prompt_tokens": len(ids),
-                "model": target.source,
-                "load_seconds": round(target.seconds, 3),
-                "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
-                "text": target.tokenizer.decode(spec.tokens[0]),
-                "grammar": check,
-                "tokens": spec.tokens[0],
-                "speculative": spec.summary(),
-                "plain": plain.summary() if plain is not None else None,
-                "identical": plain.tokens == spec.tokens if plain is not None else None,
-                "speedup": round(speedup(spec, plain), 4) if plain is not None else None,
-            }
+    spec, plain = run.speculative, run.plain
+    each = [
+        {
+            "prompt": r.prompt,
+            "prompt_tokens": len(ids),
+            "seed": r.seed,
+            "text": text,
+            "grammar": check,
+            "tokens": tokens,
+            "identical": None if run.identical is None else run.identical[b],
+        }
+        for b, (r, ids, text, check, tokens) in enumerate(
+            zip(run.requests, run.prompt_ids, run.texts, run.checks, spec.tokens)
         )
-    )
+    ]
+    report = {
+        "model": target.source,
+        "load_seconds": round(target.seconds, 3),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
+        **(each[0] if args.requests is None else {"requests": each}),
+        "speculative": spec.summary(),
+        "plain": plain.summary() if plain is not None else None,
+        "identical": None if plain is None else all(run.identical),
+        "speedup": round(speedup(spec, plain), 4) if plain is not None else None,
+    }
+    print(json.dumps(report))
 
 
-def _print_table(console, spec, plain, check: dict | None, relaxed: bool) -> None:
+def _print_table(console, run, relaxed: bool, single: bool) -> None:
     from .decoding.report import results_table
 
-    identical = plain.tokens == spec.tokens if plain is not None else None
+    spec, plain = run.speculative, run.plain
+    identical = None if plain is None else all(run.identical)
+    if not single:
+        for b, (request, text) in enumerate(zip(run.requests, run.texts)):
+            console.print(f"[bold]request {b + 1}[/bold] [dim]({request.origin} · seed {request.seed} · "
+                          f"{len(spec.tokens[b])} tokens)[/dim]")
+            console.print(text, highlight=False, soft_wrap=True)
+            _print_check(console, run.checks[b])
     console.print()
     console.print(results_table(spec, plain, identical))
     if identical is False and relaxed:
@@ -345,6 +365,11 @@ def _print_table(console, spec, plain, check: dict | None, relaxed: bool) -> Non
             "[yellow]the texts differ: expected with --draft-proposal sampled (same distribution, other draws); "
             "in argmax mode it means the target's logits differed between the runs at a near-tie[/yellow]"
         )
+    if single:
+        _print_check(console, run.checks[0])
+
+
+def _print_check(console, check: dict | None) -> None:
     if check is not None and not check["complete"]:
         console.print("[yellow]the answer is incomplete: --max-tokens ended it before the grammar did[/yellow]")
     elif check is not None and check.get("schema_error"):

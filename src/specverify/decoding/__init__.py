@@ -1,16 +1,23 @@
 """Real speculative decoding: a target model, a drafter, and `specverify` deciding every step."""
 
+from .batch import BatchRun, run_requests
+from .draft_length import AdaptiveDraftLength, DraftLength, FixedDraftLength
 from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter
 from .grammar import Grammar, GrammarCompiler
 from .loop import plain_generate, speculative_generate
 from .model import HFLanguageModel, LanguageModel, Session
 from .params import SamplingParams
+from .requests import Request, read_requests
 from .result import GenerationResult, StepEvent
 from .thinking import ThinkingRegions
 
 __all__ = [
+    "AdaptiveDraftLength",
+    "BatchRun",
     "Draft",
+    "DraftLength",
     "Drafter",
+    "FixedDraftLength",
     "GenerationResult",
     "Grammar",
     "GrammarCompiler",
@@ -18,10 +25,13 @@ __all__ = [
     "LanguageModel",
     "ModelDrafter",
     "NgramDrafter",
+    "Request",
     "SamplingParams",
     "Session",
     "StepEvent",
     "ThinkingRegions",
     "plain_generate",
+    "read_requests",
+    "run_requests",
     "speculative_generate",
 ]

@@ -19,12 +19,14 @@ import torch
 
 import specverify
 
+from .draft_length import DraftLength, draft_length_policy
 from .drafters import Drafter, pad_rows
 from .grammar import Grammar, GrammarMatchers, grammar_rows
 from .model import PAD, LanguageModel, Session, check_context
 from .params import RowParams, SamplingParams, base_seeds, row_params
 from .result import GenerationResult, StepEvent
 from .thinking import ThinkingRegions
+from .warmup import warm_up
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
 
@@ -39,7 +41,7 @@ class _Requests:
     def __init__(
         self,
         prompts: Sequence[Sequence[int]],
-        max_tokens: int,
+        max_tokens: int | Sequence[int],
         stop_tokens: Iterable[int],
         seed,
         regions: ThinkingRegions | None,
@@ -49,12 +51,14 @@ class _Requests:
         for b, p in enumerate(prompts):
             if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or not p:
                 raise ValueError(f"prompts[{b}] must be a non-empty list of token ids (got {p!r:.80})")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise ValueError(f"max_tokens must be an int >= 0 (got {max_tokens!r})")
+        self.max_tokens = [max_tokens] * len(prompts) if not isinstance(max_tokens, Sequence) else list(max_tokens)
+        if len(self.max_tokens) != len(prompts) or not all(
+            isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in self.max_tokens
+        ):
+            raise ValueError(f"max_tokens must be an int >= 0 or one per prompt (got {max_tokens!r:.80})")
         self.contexts = [list(p) for p in prompts]
         self.generated: list[list[int]] = [[] for _ in prompts]
-        self.active = [max_tokens > 0 for _ in prompts]
-        self.max_tokens = max_tokens
+        self.active = [m > 0 for m in self.max_tokens]
         self.stop_tokens = frozenset(stop_tokens)
         self.base_seeds = base_seeds(seed, len(prompts))
         if regions is not None and not isinstance(regions, ThinkingRegions):
@@ -70,13 +74,10 @@ class _Requests:
         """int64 [B, 1]: each running row's last context token (not yet in the cache); -1 for finished rows."""
         return torch.tensor([[c[-1] if a else PAD] for c, a in zip(self.contexts, self.active)], dtype=torch.int64)
 
-    def draft_limits(self, k: int) -> torch.Tensor:
-        """int64 [B]: how many draft tokens each row can still use (one token of its budget is the
-        verifier's own); 0 for finished rows."""
-        return torch.tensor(
-            [min(k, self.max_tokens - len(g) - 1) if a else 0 for g, a in zip(self.generated, self.active)],
-            dtype=torch.int64,
-        )
+    def draft_budgets(self) -> list[int]:
+        """How many draft tokens each row can still use (one token of its budget is the verifier's own);
+        0 for finished rows."""
+        return [m - len(g) - 1 if a else 0 for g, a, m in zip(self.generated, self.active, self.max_tokens)]
 
     def free(self) -> list[bool]:
         """Per row: the grammar does not apply this step (the row is inside a thinking region, or finished)."""
@@ -85,7 +86,7 @@ class _Requests:
     def commit(self, row: int, tokens: list[int]) -> list[int]:
         """Append tokens to a running row, cut at its budget, after a stop token and after a thinking
         boundary (see `thinking`). Returns those kept."""
-        kept = tokens[: self.max_tokens - len(self.generated[row])]
+        kept = tokens[: self.max_tokens[row] - len(self.generated[row])]
         for i, token in enumerate(kept):
             if token in self.stop_tokens:
                 kept = kept[: i + 1]
@@ -95,19 +96,20 @@ class _Requests:
             self.thinking[row] = self.regions.inside(kept, self.thinking[row])
         self.contexts[row] += kept
         self.generated[row] += kept
-        if len(self.generated[row]) >= self.max_tokens or (kept and kept[-1] in self.stop_tokens):
+        if len(self.generated[row]) >= self.max_tokens[row] or (kept and kept[-1] in self.stop_tokens):
             self.active[row] = False
         return kept
 
 
 def _prefill(target: LanguageModel, requests: _Requests, result: GenerationResult) -> Session:
-    """A session holding every prompt but its last token (after checking that every request fits the
-    target's context)."""
+    """A session holding every prompt but its last token, after checking that every request fits the
+    target's context and after the one-time warm-up (`warmup`), so that neither is timed as decoding."""
     check_context(target, requests.contexts, requests.max_tokens)
     start = time.perf_counter()
     session = target.session(len(requests.contexts))
     session.extend(pad_rows([c[:-1] for c in requests.contexts]), return_logits=False)
     result.prefill_seconds = time.perf_counter() - start
+    result.warmup_seconds = warm_up(target.vocab_size, session.lengths.device)
     return session
 
 
@@ -162,7 +164,7 @@ def plain_generate(
     params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
     *,
     seed: int | Sequence[int] = 0,
-    max_tokens: int = 128,
+    max_tokens: int | Sequence[int] = 128,
     stop_tokens: Iterable[int] = (),
     on_step: OnStep | None = None,
     grammar: GrammarArg = None,
@@ -171,7 +173,8 @@ def plain_generate(
     """Decode one token per target step with `specverify.sample(..., seed=base_seed + n)`.
 
     prompts: B token-id lists; params: one SamplingParams or one per row; seed: an int for the batch
-    (row b uses seed + b * 0x9E3779B97F4A7C15) or one per row; stop_tokens: ids that end a row (kept);
+    (row b uses seed + b * 0x9E3779B97F4A7C15) or one per row; max_tokens: the most tokens a row
+    generates, one int for all or one per row; stop_tokens: ids that end a row (kept);
     grammar: one Grammar for every row, one (or None) per row, or None; its stop tokens must be among
     stop_tokens; thinking: the tokens that open and close thinking regions, where the grammar does not apply.
     """
@@ -217,7 +220,8 @@ def _fit_draft(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Cut a drafter's proposal to what each row can use and to the longest row.
 
-    draft_tokens: int [B, >= max(limits)]; draft_probs: float [B, K, V] or None; limits: int64 [B].
+    draft_tokens: int [B, >= max(limits)]; draft_probs: float [B, K, V] or None; limits: int64 [B], each
+    row's chosen draft length.
     Returns (tokens int64 [B, K'] right-padded with -1, probs float32 [B, K', V] in sampled mode (one-hot
     for a deterministic draft, zero at padding) else None, drafted lengths int64 [B]).
     """
@@ -280,9 +284,9 @@ def speculative_generate(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
     *,
-    k: int = 4,
+    k: int | str | DraftLength = "auto",
     seed: int | Sequence[int] = 0,
-    max_tokens: int = 128,
+    max_tokens: int | Sequence[int] = 128,
     draft_proposal: str = "argmax",
     stop_tokens: Iterable[int] = (),
     on_step: OnStep | None = None,
@@ -294,16 +298,18 @@ def speculative_generate(
     context plus drafts in one pass, `specverify.stochastic_acceptance_sampler` decides, the committed
     tokens are appended and the target's cache rolled back past the rejected ones.
 
-    Arguments as in `plain_generate`, plus k >= 0 draft tokens per step and draft_proposal: "argmax"
-    (any draft; the output is token-identical to plain_generate with the same seed) or "sampled" (the
-    drafter samples and passes its distributions; same output distribution as plain_generate).
+    Arguments as in `plain_generate`, plus k: the draft length, "auto" (default: chosen every step per
+    batch from each row's running acceptance and the measured cost of each width, see `draft_length`;
+    0 is among the choices, so a step can be a plain one), an int >= 0 (fixed) or a `DraftLength`
+    policy; and draft_proposal: "argmax" (any draft; the output is token-identical to plain_generate
+    with the same seed, whatever the K schedule) or "sampled" (the drafter samples and passes its
+    distributions; same output distribution as plain_generate).
     Under a grammar a draft ends at its first refused token, which its mask makes the verifier reject:
     a token that violates the grammar is never committed. relaxed = (relaxed_topk, relaxed_delta): the
     verifier's lossy relaxed rule (SPEC §3.4) for the rows inside a thinking region; needs `thinking`
     and "argmax" proposals.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0 (got {k!r})")
+    policy = draft_length_policy(k)
     if draft_proposal not in DRAFT_PROPOSALS:
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
     sampled = draft_proposal == "sampled"
@@ -313,15 +319,21 @@ def speculative_generate(
     matchers = _matchers(grammar, requests, target.vocab_size)
     result = GenerationResult(requests.generated)
     session = _prefill(target, requests, result)
+    result.warmup_seconds += policy.begin(target, session, requests.last_tokens())
     start = time.perf_counter()
     while any(requests.active):
+        step_start = time.perf_counter()
         seeds = requests.seeds()
-        draft = drafter.propose(requests.contexts, k, params=rows, seeds=seeds, sampled=sampled)
-        drafts, probs, drafted = _fit_draft(
-            draft.tokens, draft.probs, requests.draft_limits(k), sampled, target.vocab_size
+        lengths = torch.tensor(policy.choose(requests.draft_budgets()), dtype=torch.int64)
+        probing = policy.probes and any(a and n == 0 for a, n in zip(requests.active, lengths.tolist()))
+        draft = drafter.propose(
+            requests.contexts, max(int(lengths.max()), int(probing)), params=rows, seeds=seeds, sampled=sampled
         )
+        probes = _probe_tokens(draft.tokens, lengths, requests.active) if probing else None
+        drafts, probs, drafted = _fit_draft(draft.tokens, draft.probs, lengths, sampled, target.vocab_size)
         drafts, probs, drafted, masks = _constrain_draft(drafts, probs, drafted, requests, matchers)
         before = session.lengths.to("cpu", copy=True)
+        forward_start = time.perf_counter()
         logits = session.extend(torch.cat([requests.last_tokens(), drafts], 1)).float()
         device = logits.device
         on = rows.to(device)
@@ -343,6 +355,19 @@ def speculative_generate(
         )
         committed, num = specverify.committed_tokens(first, recovered, bonus)
         tokens = [row[:n] for row, n in zip(committed.tolist(), num.tolist())]
-        kept = _commit_step(requests, result, tokens, drafted.tolist(), first.tolist(), on_step, matchers)
+        forward_seconds = time.perf_counter() - forward_start  # after the copy to the host: the device is done
+        drafted, first = drafted.tolist(), first.tolist()
+        kept = _commit_step(requests, result, tokens, drafted, first, on_step, matchers)
         session.truncate(before + torch.tensor([len(t) for t in kept]))
+        hits = [None if p is None else t[:1] == [p] for p, t in zip(probes or [None] * len(kept), kept)]
+        policy.observe(
+            drafted, first, hits, drafts.shape[1] + 1, forward_seconds, time.perf_counter() - step_start
+        )
     return _finish(result, matchers, start)
+
+
+def _probe_tokens(tokens: torch.Tensor, lengths: torch.Tensor, active: list[bool]) -> list[int | None]:
+    """The one-token probe of each running row given no draft: its drafter's first token (None where it
+    proposed nothing, the row drafts, or it has finished). tokens: int [B, >= 1]; lengths: int64 [B]."""
+    first = tokens[:, 0].tolist() if tokens.shape[1] else [PAD] * len(active)
+    return [t if a and n == 0 and t != PAD else None for t, n, a in zip(first, lengths.tolist(), active)]

@@ -11,6 +11,7 @@ any decoding, a request whose prompt plus max_tokens does not fit (`check_contex
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -51,20 +52,21 @@ class ContextOverflow(ValueError):
     """A request's prompt plus max_tokens exceeds the model's context."""
 
 
-def check_context(model: LanguageModel, prompts, max_tokens: int) -> None:
+def check_context(model: LanguageModel, prompts, max_tokens: int | Sequence[int]) -> None:
     """Raise ContextOverflow when a prompt's length plus max_tokens exceeds model.max_context (a row's
     last generated token is never fed to the model, but a context of prompt + max_tokens must fit, as in
     vLLM's max_model_len). Nothing is truncated: truncating a prompt silently changes the answer.
 
-    prompts: B token-id lists; max_tokens: int >= 0.
+    prompts: B token-id lists; max_tokens: int >= 0, or one per prompt.
     """
     limit = getattr(model, "max_context", None)
     if limit is None:
         return
-    for row, prompt in enumerate(prompts):
-        if len(prompt) + max_tokens > limit:
+    budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+    for row, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        if len(prompt) + budget > limit:
             raise ContextOverflow(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) = {len(prompt) + max_tokens} "
+                f"prompt ({len(prompt)} tokens) + max_tokens ({budget}) = {len(prompt) + budget} "
                 f"exceeds the model's context of {limit} tokens (at row {row}); shorten the prompt or "
                 f"lower max_tokens"
             )

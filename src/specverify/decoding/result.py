@@ -27,6 +27,8 @@ class GenerationResult:
     drafted[j] / accepted[j]: over all rows and steps, how many draft tokens were proposed at draft
     position j, and how many of those were accepted (an accepted j implies all before it were).
     row_steps: target steps summed over the rows still generating at each.
+    warmup_seconds: the process's one-time warm-up (`warmup.warm_up`) done by this call before decoding
+    was timed (0 when an earlier call did it).
     grammar_complete[b]: whether request b's output is a complete sentence of its grammar (None for a
     row without one); None when no row had a grammar.
     """
@@ -34,6 +36,7 @@ class GenerationResult:
     tokens: list[list[int]]
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    warmup_seconds: float = 0.0
     steps: int = 0
     row_steps: int = 0
     drafted: list[int] = field(default_factory=list)
@@ -79,6 +82,7 @@ class GenerationResult:
             "tokens": self.num_tokens,
             "prefill_seconds": round(self.prefill_seconds, 4),
             "decode_seconds": round(self.decode_seconds, 4),
+            "warmup_seconds": round(self.warmup_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "steps": self.steps,
             "tokens_per_step": round(self.tokens_per_step, 4),

@@ -11,8 +11,6 @@ from pathlib import Path
 
 def read_schema(path: str | Path) -> dict:
     """The JSON schema in a file, checked against its own metaschema."""
-    import jsonschema
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -21,13 +19,21 @@ def read_schema(path: str | Path) -> dict:
         schema = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"the schema file {str(path)!r} is not JSON: {err}") from None
+    return check_schema(schema, f"the schema file {str(path)!r}", "hold")
+
+
+def check_schema(schema, what: str = "the schema", verb: str = "be") -> dict:
+    """schema, checked to be a JSON object valid against its metaschema; errors begin with `what`
+    ("{what} must {verb} a JSON object")."""
+    import jsonschema
+
     if not isinstance(schema, dict):
-        raise ValueError(f"the schema file {str(path)!r} must hold a JSON object (got {type(schema).__name__})")
+        raise ValueError(f"{what} must {verb} a JSON object (got {type(schema).__name__})")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as err:
         where = "/".join(str(p) for p in err.absolute_path) or "the top level"
-        raise ValueError(f"the schema file {str(path)!r} is not a valid JSON schema ({where}): {err.message}") from None
+        raise ValueError(f"{what} is not a valid JSON schema ({where}): {err.message}") from None
     return schema
 
 

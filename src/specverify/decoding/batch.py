@@ -1,0 +1,125 @@
+"""Running a batch of `Request`s on a loaded model: every request a row of one speculative loop (ragged
+drafts, its own sampling parameters, seed, budget and grammar), then, when asked, the same batch with
+plain decoding for comparison.
+
+Row b is keyed by its request's own seed (SPEC §4: the verifier's per-request seed s_b + n), so a request's
+output is the one it gets alone with the same seed, whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+from .drafters import Drafter
+from .grammar import Grammar, GrammarCompiler
+from .loading import LoadedModel
+from .loop import plain_generate, speculative_generate
+from .requests import Request
+from .result import GenerationResult
+from .schema import schema_violation
+from .thinking import ThinkingRegions
+
+#: How each grammar kind is named in errors about a request given by the command's flags.
+GRAMMAR_FLAGS = {"json_schema": "--json-schema", "regex": "--regex", "choice": "--choices"}
+#: ... and by a JSONL line.
+GRAMMAR_FIELDS = {"json_schema": "json_schema", "regex": "regex", "choice": "choices"}
+
+
+class GrammarError(ValueError):
+    """A request's grammar does not compile; the message names the request and its field."""
+
+
+@dataclass
+class BatchRun:
+    """What a batch produced: per request its prompt's token ids, its text and its grammar check (None
+    without a grammar; else {"kind", "complete", and for a JSON schema "schema_error": None when valid});
+    the speculative result over the batch, and the plain one (None unless compared)."""
+
+    requests: list[Request]
+    prompt_ids: list[list[int]]
+    texts: list[str]
+    checks: list[dict | None]
+    speculative: GenerationResult
+    plain: GenerationResult | None
+
+    @property
+    def identical(self) -> list[bool] | None:
+        """Per request: speculative and plain decoding gave the same tokens (None unless compared)."""
+        if self.plain is None:
+            return None
+        return [s == p for s, p in zip(self.speculative.tokens, self.plain.tokens)]
+
+
+def compile_grammars(loaded: LoadedModel, requests: list[Request]) -> list[Grammar | None]:
+    """Each request's Grammar (None without one). Raises GrammarError naming the request and its field."""
+    if all(r.grammar is None for r in requests):
+        return [None] * len(requests)
+    tokenizer = loaded.tokenizer
+    compiler = GrammarCompiler(tokenizer.tokenizer, loaded.model.vocab_size, tokenizer.stop_tokens)
+    compile_ = {"json_schema": compiler.json_schema, "regex": compiler.regex, "choice": compiler.choices}
+    grammars = []
+    for request in requests:
+        if request.grammar is None:
+            grammars.append(None)
+            continue
+        kind, value = request.grammar
+        try:
+            grammars.append(compile_[kind](value))
+        except ValueError as err:
+            where = f"{request.origin}: {GRAMMAR_FIELDS[kind]}" if request.origin else GRAMMAR_FLAGS[kind]
+            raise GrammarError(f"{where}: {err}") from None
+    return grammars
+
+
+def grammar_check(request: Request, complete: bool | None, text: str) -> dict | None:
+    """Whether an answer satisfies its request's grammar: the matcher's verdict (`complete`), and for a JSON
+    schema an independent check with `jsonschema` (`schema_error`: None when valid)."""
+    if request.grammar is None:
+        return None
+    check = {"kind": request.grammar[0], "complete": complete}
+    if request.grammar[0] == "json_schema":
+        check["schema_error"] = schema_violation(request.grammar[1], text)
+    return check
+
+
+def run_requests(
+    loaded: LoadedModel,
+    drafter: Drafter,
+    requests: list[Request],
+    *,
+    k: int | str = "auto",
+    draft_proposal: str = "argmax",
+    thinking: ThinkingRegions | None = None,
+    relaxed: tuple[int, float] | None = None,
+    on_step=None,
+    compare: bool = False,
+    around_plain: Callable[[], AbstractContextManager] = nullcontext,
+) -> BatchRun:
+    """Decode the requests together (chat template applied to each prompt). k, draft_proposal, thinking,
+    relaxed, on_step: as `speculative_generate`; compare: then decode the same batch with plain decoding
+    (inside the context around_plain() gives, e.g. a progress display). A grammar that does not compile raises
+    GrammarError naming the request; `grammar.GrammarDeadEnd` propagates."""
+    grammars = compile_grammars(loaded, requests)
+    prompt_ids = [loaded.tokenizer.encode_chat(r.prompt) for r in requests]
+    common = {
+        "seed": [r.seed for r in requests],
+        "max_tokens": [r.max_tokens for r in requests],
+        "stop_tokens": loaded.tokenizer.stop_tokens,
+        "grammar": grammars,
+        "thinking": thinking,
+    }
+    params = [r.params for r in requests]
+    spec = speculative_generate(
+        loaded.model, drafter, prompt_ids, params, k=k, draft_proposal=draft_proposal, on_step=on_step,
+        relaxed=relaxed, **common,
+    )
+    plain = None
+    if compare:
+        with around_plain():
+            plain = plain_generate(loaded.model, prompt_ids, params, **common)
+    texts = [loaded.tokenizer.decode(t) for t in spec.tokens]
+    complete = spec.grammar_complete or [None] * len(requests)
+    checks = [grammar_check(r, c, t) for r, c, t in zip(requests, complete, texts)]
+    return BatchRun(requests, prompt_ids, texts, checks, spec, plain)

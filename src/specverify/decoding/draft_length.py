@@ -1,0 +1,213 @@
+"""How many tokens each row drafts per step: a fixed K, or K chosen every step (`AdaptiveDraftLength`).
+
+The loop asks a policy for each row's draft length before drafting, and tells it afterwards what
+happened. The output never depends on the policy in "argmax" mode (row b's n-th token is keyed by
+s_b + n whatever was drafted, SPEC §4); only the speed does.
+
+Adaptive choice. A step with T tokens per row costs the target one forward pass over B*T tokens, and on
+a CPU that cost is far from linear in T (SmolLM2-135M, 1 thread: 52 ms at T = 1, 59 at 3, 84 at 4,
+151 at 13, 116 at 17: matmul blocking). So before the first timed step the policy times the target's
+forward pass on the real session at every width T = 1..max_k+1 (once per model and batch size and
+process; `calibrate`), and afterwards keeps each width's cost up to date with the step times it sees.
+Each row keeps its running acceptance alpha_b: discounted counts of accepted and rejected draft
+positions (a draft of k tokens with f accepted counts f successes and, when f < k, one failure), starting
+from one of each (alpha = 0.5). With acceptance alpha, a draft of k tokens commits
+E(k) = 1 + alpha + ... + alpha**k tokens on average. The rows of a batch share the step's width (the
+target computes every row at the longest draft), so the policy picks the k in 0..max_k that maximises
+sum_b E_b(min(k, budget_b)) / (cost(k + 1) + overhead), the batch's expected tokens per second, and every
+row drafts up to that k. k = 0 is a plain decoding step: where drafts are rarely accepted, or the next
+width costs more than it brings, speculation falls back to plain decoding instead of losing to it.
+A row at k = 0 still gets a one-token probe draft that is not verified but compared with the token
+the step commits (equal: a success, else a failure), so its acceptance keeps being measured and
+speculation resumes when the text turns repetitive.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from .model import LanguageModel, Session
+
+#: Default largest draft length of the adaptive policy.
+MAX_K = 16
+#: Per step, how much of its weight an acceptance count keeps (older steps count less).
+DECAY = 0.8
+#: Draft positions with acceptance rates of their own; later positions share the last one's.
+POSITIONS = 4
+#: Weight (in observations) of a position's prior: 0.5 for the first, the previous one's rate after.
+PRIOR = 1.0
+#: The prior acceptance rate of draft position 0, before a row has been observed.
+FIRST_PRIOR = 0.5
+#: Weight of a new step time in a width's running cost.
+COST_RATE = 0.3
+
+_costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class DraftLength(Protocol):
+    """Chooses each row's draft length every step.
+
+    probes: whether rows given 0 still want a one-token draft to be compared (not verified), see `observe`.
+    """
+
+    probes: bool
+
+    def begin(self, target: LanguageModel, session: Session, last_tokens: torch.Tensor) -> float:
+        """Called once after the prefill, before decoding is timed; returns the seconds spent.
+        last_tokens: int64 [B, 1], each row's next input token."""
+        ...
+
+    def choose(self, budgets: Sequence[int]) -> list[int]:
+        """budgets[b]: the most draft tokens row b may use (0 for a finished row) -> each row's k <= budget."""
+        ...
+
+    def observe(
+        self,
+        drafted: Sequence[int],
+        accepted: Sequence[int],
+        probe_hits: Sequence[bool | None],
+        width: int,
+        forward_seconds: float,
+        step_seconds: float,
+    ) -> None:
+        """What the step did: per row the draft tokens verified and how many were accepted, and for a row
+        that was given 0, whether its probe token equals the token committed (None: no probe, or the
+        row did not run); the step's width (tokens per row in the target's pass), the seconds of the
+        target's pass plus the verifier, and of the whole step."""
+        ...
+
+
+class FixedDraftLength:
+    """k draft tokens per row every step (fewer where a row's budget ends)."""
+
+    probes = False
+
+    def __init__(self, k: int):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be an int >= 0 or 'auto' (got {k!r})")
+        self.k = k
+
+    def begin(self, target: LanguageModel, session: Session, last_tokens: torch.Tensor) -> float:
+        return 0.0
+
+    def choose(self, budgets: Sequence[int]) -> list[int]:
+        return [min(self.k, b) for b in budgets]
+
+    def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds) -> None:
+        pass
+
+
+def expected_tokens(acceptance: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mean tokens a step commits with a draft of k tokens, position j accepted with probability
+    acceptance[..., j] given that the ones before were: 1 + a0 + a0*a1 + ... + a0*...*a(k-1).
+    acceptance: float64 [B, J] (positions >= J use acceptance[..., J-1]); k: int64 [B, C] -> float64 [B, C]."""
+    positions = int(k.max()) if k.numel() else 0
+    index = torch.arange(positions).clamp(max=acceptance.shape[-1] - 1)
+    reach = torch.cumprod(acceptance[..., index], -1)  # [B, positions]: P(positions 0..j all accepted)
+    sums = torch.cat([torch.zeros_like(reach[..., :1]), reach.cumsum(-1)], -1)  # [B, positions + 1]
+    return 1 + sums.gather(-1, k)
+
+
+@torch.inference_mode()
+def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:
+    """Seconds of the target's forward pass at each width 1..max_width on this session, which is left as
+    it was. last_tokens: int64 [B, 1]; returns costs[w - 1] for width w."""
+    before = session.lengths.to("cpu", copy=True)
+
+    def timed(width: int) -> float:
+        start = time.perf_counter()
+        float(session.extend(last_tokens.expand(-1, width))[0, -1, 0])  # reading a value waits for the device
+        seconds = time.perf_counter() - start
+        session.truncate(before)
+        return seconds
+
+    timed(max_width)  # the first pass at a new shape allocates; not a measurement
+    return [timed(w) for w in range(1, max_width + 1)]
+
+
+class AdaptiveDraftLength:
+    """K chosen every step from each row's running acceptance and the measured cost of each width (see
+    the module docstring). max_k: the longest draft; decay: weight an acceptance count keeps per step."""
+
+    probes = True
+
+    def __init__(self, max_k: int = MAX_K, decay: float = DECAY):
+        if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
+            raise ValueError(f"max_k must be an int >= 1 (got {max_k!r})")
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1] (got {decay})")
+        self.max_k, self.decay = max_k, decay
+        self.costs: list[float] = []
+        self.overhead = 0.0
+        self.successes = self.failures = torch.zeros(0, POSITIONS, dtype=torch.float64)
+
+    def begin(self, target: LanguageModel, session: Session, last_tokens: torch.Tensor) -> float:
+        """Calibrate the widths' costs (once per target, batch size and max_k in this process)."""
+        start = time.perf_counter()
+        batch = last_tokens.shape[0]
+        per_model = _costs.setdefault(target, {})
+        key = (batch, self.max_k)
+        if key not in per_model:
+            per_model[key] = calibrate(session, last_tokens, self.max_k + 1)
+        self.costs = per_model[key]  # shared: what one generation learns, the next starts from
+        self.successes = torch.zeros(batch, POSITIONS, dtype=torch.float64)
+        self.failures = torch.zeros(batch, POSITIONS, dtype=torch.float64)
+        return time.perf_counter() - start
+
+    @property
+    def acceptance(self) -> torch.Tensor:
+        """float64 [B, POSITIONS]: each row's running acceptance rate at each draft position, given that
+        the positions before it were accepted (the last one stands for every later position)."""
+        rates, prior = [], torch.full(self.successes.shape[:1], FIRST_PRIOR, dtype=torch.float64)
+        for j in range(POSITIONS):  # a position seen rarely leans on the one before it
+            s, f = self.successes[:, j], self.failures[:, j]
+            prior = (s + PRIOR * prior) / (s + f + PRIOR)
+            rates.append(prior)
+        return torch.stack(rates, -1)
+
+    def choose(self, budgets: Sequence[int]) -> list[int]:
+        budget = torch.tensor(list(budgets), dtype=torch.int64).clamp(max=self.max_k)
+        if not len(budget) or int(budget.max()) == 0:
+            return [0] * len(budget)
+        k = torch.minimum(torch.arange(self.max_k + 1), budget[:, None])  # [B, max_k + 1]
+        tokens = (expected_tokens(self.acceptance, k) * (budget > 0).double()[:, None]).sum(0)
+        seconds = torch.tensor(self.costs, dtype=torch.float64) + self.overhead
+        best = int((tokens / seconds).argmax())
+        return torch.minimum(budget, torch.tensor(best)).tolist()
+
+    def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds) -> None:
+        drafted_ = torch.tensor(list(drafted), dtype=torch.int64)
+        accepted_ = torch.minimum(torch.tensor(list(accepted), dtype=torch.int64), drafted_)
+        probed = torch.tensor([h is not None for h in probe_hits])
+        hit = torch.tensor([h is True for h in probe_hits])
+        # a probe is a one-token draft, accepted or not
+        drafted_ = torch.where(probed, 1, drafted_)
+        accepted_ = torch.where(probed, hit.long(), accepted_)
+        position = torch.arange(self.max_k).clamp(max=POSITIONS - 1)
+        bucket = torch.nn.functional.one_hot(position, POSITIONS).double()  # [max_k, POSITIONS]
+        index = torch.arange(self.max_k)[None, :]
+        passed = (index < accepted_[:, None]).double() @ bucket
+        failed = ((index == accepted_[:, None]) & (accepted_ < drafted_)[:, None]).double() @ bucket
+        self.successes = self.decay * self.successes + passed
+        self.failures = self.decay * self.failures + failed
+        if 1 <= width <= len(self.costs):
+            self.costs[width - 1] += COST_RATE * (forward_seconds - self.costs[width - 1])
+        self.overhead += COST_RATE * (max(step_seconds - forward_seconds, 0.0) - self.overhead)
+
+
+def draft_length_policy(k: int | str | DraftLength) -> DraftLength:
+    """k: an int >= 0 (fixed), 'auto' (`AdaptiveDraftLength()`), or a DraftLength -> the policy."""
+    if isinstance(k, str):
+        if k != "auto":
+            raise ValueError(f"k must be an int >= 0 or 'auto' (got {k!r})")
+        return AdaptiveDraftLength()
+    if isinstance(k, int):
+        return FixedDraftLength(k)
+    if all(hasattr(k, name) for name in ("begin", "choose", "observe", "probes")):
+        return k
+    raise ValueError(f"k must be an int >= 0, 'auto' or a DraftLength policy (got {k!r:.80})")

@@ -1,0 +1,138 @@
+"""Draft length per step: a fixed K, a random schedule, and the adaptive policy ("auto"). The output never
+depends on the K schedule in argmax mode (row b's n-th token is keyed by s_b + n); the adaptive policy
+picks the K that its acceptance and cost model says is fastest, 0 included."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_decoding import PROMPTS, SEEDS, ModelDrafter, NgramDrafter, RandomDrafter, plain, spec, target  # noqa: F401
+
+from specverify.decoding import SamplingParams, speculative_generate
+from specverify.decoding.draft_length import (
+    POSITIONS,
+    AdaptiveDraftLength,
+    FixedDraftLength,
+    calibrate,
+    draft_length_policy,
+    expected_tokens,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class RandomSchedule:
+    """A DraftLength that gives every row a random K in 0..budget every step, and probes sometimes."""
+
+    def __init__(self, seed: int, probes: bool):
+        self.generator = torch.Generator().manual_seed(seed)
+        self.probes = probes
+        self.seen: list[list[int]] = []
+
+    def begin(self, target, session, last_tokens) -> float:
+        return 0.0
+
+    def choose(self, budgets):
+        ks = [int(torch.randint(0, b + 1, (1,), generator=self.generator)) for b in budgets]
+        self.seen.append(ks)
+        return ks
+
+    def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds) -> None:
+        assert width == max(drafted) + 1
+
+
+@pytest.mark.parametrize(("seed", "probes"), [(0, False), (1, True), (2, True)])
+def test_any_k_schedule_gives_plain_decoding_tokens(target, seed, probes):  # noqa: F811
+    schedule = RandomSchedule(seed, probes)
+    result = spec(target, ModelDrafter(target), k=schedule)
+    assert result.tokens == plain(target).tokens
+    assert len({k for ks in schedule.seen for k in ks}) > 3  # the schedule did vary
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "random"])
+def test_auto_gives_plain_decoding_tokens(target, drafter):  # noqa: F811
+    made = NgramDrafter() if drafter == "ngram" else RandomDrafter(4)
+    assert spec(target, made, k="auto").tokens == plain(target).tokens
+    one = spec(target, made, prompts=[PROMPTS[2]], params=SamplingParams(), seed=[SEEDS[2]], k="auto")
+    assert one.tokens == plain(target, prompts=[PROMPTS[2]], params=SamplingParams(), seed=[SEEDS[2]]).tokens
+
+
+def test_expected_tokens_is_the_sum_of_acceptance_products():
+    acceptance = torch.tensor([[0.5, 0.8, 0.9, 0.3], [1.0, 0.0, 0.5, 0.5]], dtype=torch.float64)
+    k = torch.tensor([[0, 1, 2, 3, 4, 6], [0, 1, 2, 3, 4, 6]])
+    for b, c in itertools.product(range(2), range(6)):
+        rates = acceptance[b].tolist()
+        exact, reach = 1.0, 1.0
+        for j in range(int(k[b, c])):
+            reach *= rates[min(j, POSITIONS - 1)]
+            exact += reach
+        assert float(expected_tokens(acceptance, k)[b, c]) == pytest.approx(exact, rel=1e-12)
+
+
+def _policy(costs, max_k):
+    policy = AdaptiveDraftLength(max_k=max_k)
+    policy.costs = list(costs)
+    policy.successes = torch.zeros(1, POSITIONS, dtype=torch.float64)
+    policy.failures = torch.zeros(1, POSITIONS, dtype=torch.float64)
+    return policy
+
+
+def test_auto_drafts_nothing_when_drafts_fail_and_everything_when_they_pass():
+    costs = [0.050, 0.055, 0.060, 0.085, 0.090]
+    failing, passing = _policy(costs, 4), _policy(costs, 4)
+    for _ in range(10):
+        failing.observe([2], [0], [None], 3, 0.06, 0.06)
+        passing.observe([4], [4], [None], 5, 0.09, 0.09)
+    assert failing.choose([10]) == [0]  # a plain step
+    assert passing.choose([10]) == [4]
+    assert passing.choose([2]) == [2]  # never past the row's budget
+    assert passing.choose([0]) == [0]
+
+
+def test_auto_weighs_each_width_by_its_measured_cost():
+    """Acceptance 0.9 at every position: E(k) = sum 0.9**i. The choice is the argmax of E(k)/cost(k+1)."""
+    costs = [0.050, 0.051, 0.052, 0.200, 0.201, 0.060]
+    policy = _policy(costs, 5)
+    policy.successes += 90.0
+    policy.failures += 10.0
+    rate = [sum(0.9**i for i in range(k + 1)) / c for k, c in enumerate(costs)]
+    assert policy.choose([10]) == [max(range(6), key=rate.__getitem__)] == [5]
+    policy.costs[5] = 0.5  # measured slower: the choice moves
+    assert policy.choose([10]) == [2]
+
+
+def test_a_probe_counts_as_a_one_token_draft():
+    policy = _policy([0.05, 0.06], 1)
+    policy.observe([0], [0], [True], 1, 0.05, 0.05)
+    assert policy.successes[0, 0] == 1 and policy.failures.sum() == 0
+    policy.observe([0], [0], [False], 1, 0.05, 0.05)
+    assert policy.failures[0, 0] == 1
+
+
+def test_calibration_leaves_the_session_as_it_was(target):  # noqa: F811
+    session = target.session(2)
+    session.extend(torch.tensor([[1, 2, 3], [4, 5, -1]]), return_logits=False)
+    before = session.lengths.clone()
+    costs = calibrate(session, torch.tensor([[3], [5]]), 4)
+    assert len(costs) == 4 and all(c > 0 for c in costs)
+    assert torch.equal(session.lengths, before)
+    fresh = target.session(2)
+    fresh.extend(torch.tensor([[1, 2, 3], [4, 5, -1]]), return_logits=False)
+    step = torch.tensor([[7], [8]])
+    assert torch.allclose(session.extend(step), fresh.extend(step))
+
+
+@pytest.mark.parametrize("bad", [-1, "fast", True, 2.5, None])
+def test_bad_k_names_itself(target, bad):  # noqa: F811
+    with pytest.raises(ValueError, match="k must be an int >= 0"):
+        speculative_generate(target, NgramDrafter(), [[1, 2]], k=bad)
+
+
+def test_fixed_policy_and_names():
+    assert isinstance(draft_length_policy(3), FixedDraftLength)
+    assert isinstance(draft_length_policy("auto"), AdaptiveDraftLength)
+    assert FixedDraftLength(3).choose([5, 1, 0]) == [3, 1, 0]
+    with pytest.raises(ValueError, match="max_k must be an int >= 1"):
+        AdaptiveDraftLength(max_k=0)

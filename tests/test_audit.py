@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 
 import specverify as sv
 from specverify.audit import stats
-from specverify.audit.exact import argmax_position_law, mixed_position_law, sampled_position_law
+from specverify.audit.exact import argmax_position_law, mixed_position_law, sampled_position_law, truncated_distribution
 from specverify.audit.invariance import check_drafter_invariance
 from specverify.audit.report import report_json
 from specverify.audit.runner import audit_scenario, contract_problems, run_audit
@@ -230,3 +230,13 @@ def test_outputs_are_read_back_as_cpu_int64_and_must_be_integers():
     floats = as_verifier(lambda *args, **kwargs: (int32[:, 0], int32, int32.float()), name="floaty")
     with pytest.raises(TypeError, match="floaty must return integer tensors .got torch.float32 for bonus_tokens."):
         floats(*[None] * 8)
+
+
+@pytest.mark.parametrize("temperature", [float(np.float32(1e-5)), 1e-5, 9.9e-6, 0.0])
+def test_exact_law_draws_the_greedy_line_where_the_library_does(temperature):
+    """The library compares float32 temperatures with float32(1e-5): the exact law must agree exactly at the
+    boundary (a row at T = 1e-5 keeps its ties, one just below is one-hot)."""
+    logits = np.float32([1.0, 1.0, 0.0])
+    library = sv.truncated_probs(torch.from_numpy(logits)[None], torch.tensor([temperature]), torch.tensor([-1]),
+                                 torch.tensor([1.0]))[0].double().numpy()  # fmt: skip
+    np.testing.assert_allclose(truncated_distribution(logits, temperature), library, atol=1e-6)

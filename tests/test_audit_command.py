@@ -89,6 +89,13 @@ def test_the_arguments_plug_into_a_subcommand():
             "arguments of stochastic_acceptance_sampler (draft_tokens, target_logits, temperature, top_k, max_k, "
             "top_p, min_top_p, seed)",
         ),
+        (
+            ["--tree", "--verifier", "specverify:committed_tokens"],
+            "--verifier: verifier 'specverify:committed_tokens' takes (first_rejected_idx, recovered_tokens, "
+            "bonus_tokens) (too many positional arguments), not the seven positional "
+            "arguments of tree_acceptance_sampler (draft_tokens, parents, target_logits, temperature, top_k, top_p, "
+            "seed)",
+        ),
         (["--plots", "/proc/nope"], "--plots '/proc/nope' cannot be written (No such file or directory"),
         (["--json", "/proc/nope/report.json"], "--json '/proc/nope/report.json' cannot be written"),
         (["--plots", __file__], f"--plots {__file__!r} cannot be written ({__file__} is a file, not a folder)"),

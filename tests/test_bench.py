@@ -41,9 +41,9 @@ def test_the_last_line_is_one_json_object_with_every_case(capsys):
         (["--repeats", "0"], "--repeats must be >= 1 (got 0)"),
         (["--drafts", "-1"], "--drafts must be >= 0 (got -1)"),
         (["--threads", "-1"], "--threads must be >= 1 (got -1)"),
-        (["--modes", "argmax,fast"], "--modes must name cases among argmax, sampled, relaxed, greedy, sort (got 'argmax,fast')"),
-        (["--modes", ","], "--modes must name cases among argmax, sampled, relaxed, greedy, sort (got ',')"),
-        (["--vocab", "1000000000"], "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 7,152.6 GiB"),
+        (["--modes", "argmax,fast"], "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got 'argmax,fast')"),
+        (["--modes", ","], "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got ',')"),
+        (["--vocab", "1000000000"], "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 31,471.3 GiB"),
     ],
 )
 def test_bad_arguments_are_one_line_before_any_work(capsys, argv, message):

@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-GREEDY_TEMPERATURE = 1e-5
+#: Rows below this temperature are greedy (SPEC §3.3), compared in float32 as the library compares its
+#: float32 temperatures (so a row at exactly float32(1e-5) is sampled, not greedy).
+GREEDY_TEMPERATURE = float(np.float32(1e-5))
 
 
 def truncated_distribution(
@@ -30,7 +32,7 @@ def truncated_distribution(
     x = np.asarray(logits, dtype=np.float64)
     if allowed is not None:
         x = np.where(allowed, x, -np.inf)
-    if temperature < GREEDY_TEMPERATURE:
+    if np.float32(temperature) < np.float32(GREEDY_TEMPERATURE):
         p = np.zeros_like(x)
         p[int(np.argmax(x))] = 1.0
         return p

@@ -39,6 +39,7 @@ TREE_OUTPUTS = ("path", "path_length", "next_token")
 #: The leading arguments, passed by position: of a chain verifier (SPEC §1) and of a tree verifier (SPEC §8).
 POSITIONAL_ARGUMENTS = ("draft_tokens", "target_logits", "temperature", "top_k", "max_k", "top_p", "min_top_p", "seed")
 TREE_POSITIONAL_ARGUMENTS = ("draft_tokens", "parents", "target_logits", "temperature", "top_k", "top_p", "seed")
+NUMBER_WORDS = {7: "seven", 8: "eight"}
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def check_signature(function: object, name: str, tree: bool = False) -> None:
             parameters=[p.replace(annotation=empty) for p in signature.parameters.values()], return_annotation=empty
         )
         raise ValueError(
-            f"verifier {name!r} takes {bare} ({err}), not the {len(arguments)} positional arguments of "
+            f"verifier {name!r} takes {bare} ({err}), not the {NUMBER_WORDS[len(arguments)]} positional arguments of "
             f"{reference} ({', '.join(arguments)})"
         ) from None
 

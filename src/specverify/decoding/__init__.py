@@ -5,7 +5,7 @@ from .draft_length import AdaptiveDraftLength, DraftLength, FixedDraftLength
 from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter
 from .grammar import Grammar, GrammarCompiler
 from .loop import plain_generate, speculative_generate
-from .model import HFLanguageModel, LanguageModel, Session
+from .model import HFLanguageModel, LanguageModel, Session, TreeSession
 from .params import SamplingParams
 from .requests import Request, read_requests
 from .result import GenerationResult, StepEvent
@@ -30,6 +30,7 @@ __all__ = [
     "Session",
     "StepEvent",
     "ThinkingRegions",
+    "TreeSession",
     "plain_generate",
     "read_requests",
     "run_requests",

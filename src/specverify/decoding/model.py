@@ -5,6 +5,8 @@ request b) and whatever cache makes extending them cheap. The loop needs only tw
 `extend` appends tokens to every row and returns the logits at the appended positions, and `truncate`
 rolls rows back to shorter contexts (dropping rejected draft tokens). A user brings another model by
 implementing these two methods; `HFLanguageModel` wraps any transformers causal LM with a KV cache.
+Tree drafts (SPEC §8) need a `TreeSession`: `extend_tree` scores the root and every node of a draft tree
+in one forward, and `keep_path` then keeps only the accepted path in the cache; `HFSession` is one.
 A model may also say how many positions it can attend over (`max_context`); the loops then refuse, before
 any decoding, a request whose prompt plus max_tokens does not fit (`check_context`).
 """
@@ -16,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-PAD = -1
+from .tree_attention import PAD, check_tree, path_slots, tree_ancestry, tree_attention_mask, tree_positions
 
 
 class Session(Protocol):
@@ -34,6 +36,25 @@ class Session(Protocol):
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep the first lengths[b] tokens of row b's context. lengths: int [B], each <= the current length."""
+        ...
+
+
+class TreeSession(Session, Protocol):
+    """A session that can score a draft tree in one forward (SPEC §8's layout) and keep its accepted path."""
+
+    def extend_tree(self, root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Append each row's root (its last committed token) and score the tree hanging below it.
+
+        root: int64 [B, 1] (-1: the row appends nothing and has no nodes); tokens: int64 [B, N], -1 =
+        padding anywhere; parents: int64 [B, N], -1 = a child of the root, else an earlier present node.
+        Returns logits float [B, N+1, V]: index 0 after the root, index i+1 after the path root -> node i
+        (as `tree_acceptance_sampler` takes them). The root joins the context; the nodes wait for `keep_path`.
+        """
+        ...
+
+    def keep_path(self, path: torch.Tensor, path_length: torch.Tensor) -> None:
+        """Append the accepted nodes path[b, :path_length[b]] of the last `extend_tree` to the context and
+        drop the other nodes. path: int [B, N] (-1 padded); path_length: int [B]."""
         ...
 
 
@@ -124,6 +145,12 @@ class HFSession:
     never holes and the cache is cropped exactly. Each row's tokens carry their own position ids (their
     index in that row's context), so holes do not shift positions. Full-attention caches only (Llama,
     SmolLM2, Qwen, ...): transformers cannot roll back sliding-window layers once their window is full.
+
+    A tree step (`extend_tree`) appends a block [root, N nodes] with a custom 4D attention mask; the nodes'
+    slots stay outside every row's context until `keep_path` moves each row's accepted nodes to the front of
+    the block (in depth order) and frees the rest: the cache then holds what a plain forward of the committed
+    context would. An `extend` or `truncate` before `keep_path` drops the whole tree (as an empty path).
+    Needs an attention that takes 4D masks (eager, SDPA; not flash-attention).
     """
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, batch_size: int):
@@ -137,9 +164,12 @@ class HFSession:
         self._cache = DynamicCache(config=model.config)
         self._valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self._device)
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=self._device)
+        #: The last extend_tree's nodes until keep_path: (first node slot, parents int64 [B, N], present [B, N]).
+        self._tree: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @torch.inference_mode()
     def extend(self, tokens: torch.Tensor, *, return_logits: bool = True) -> torch.Tensor | None:
+        self._drop_tree()
         tokens = tokens.to(self._device)
         real = check_extension(tokens, self._valid.shape[0])
         width = tokens.shape[1]
@@ -166,12 +196,68 @@ class HFSession:
         self._crop_trailing()
         return out.logits if return_logits else None
 
+    @torch.inference_mode()
+    def extend_tree(self, root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        self._drop_tree()
+        root, tokens, parents = (t.to(self._device) for t in (root, tokens, parents))
+        has_root = check_extension(root, self._valid.shape[0])
+        if root.shape[1] != 1:
+            raise ValueError(f"root must be [B, 1], one last committed token per row (got {list(root.shape)})")
+        present = check_tree(tokens, parents, self._vocab_size)
+        if tokens.shape[0] != root.shape[0]:
+            raise ValueError(f"tokens must have B = {root.shape[0]} rows (got {tokens.shape[0]})")
+        orphans = present.any(1) & ~has_root[:, 0]
+        if bool(orphans.any()):
+            raise ValueError(f"a row with root -1 can have no tree nodes (got some at row {int(orphans.nonzero()[0, 0])})")
+        parents = parents.to(torch.int64)
+        ancestry = tree_ancestry(parents, present)
+        out = self._model(
+            input_ids=torch.cat([root, tokens], dim=1).clamp_min(0),
+            attention_mask=tree_attention_mask(self._valid, ancestry, self._cache_dtype()),
+            position_ids=tree_positions(self.lengths, ancestry),
+            cache=self._cache,
+            use_cache=True,
+            logits_to_keep=0,
+        )
+        self._tree = (self._valid.shape[1] + 1, parents, present)
+        self._valid = torch.cat([self._valid, has_root, torch.zeros_like(present)], dim=1)
+        self.lengths = self.lengths + has_root[:, 0]
+        return out.logits
+
+    @torch.inference_mode()
+    def keep_path(self, path: torch.Tensor, path_length: torch.Tensor) -> None:
+        if self._tree is None:
+            raise ValueError("keep_path needs a tree: call extend_tree first (once per tree)")
+        start, parents, present = self._tree
+        order = path_slots(path, path_length, parents, present)
+        index = order[:, None, :, None]
+        for layer in self._cache.layers:
+            for name in ("keys", "values"):
+                block = getattr(layer, name)[:, :, start:]
+                block.copy_(block.gather(2, index.expand_as(block)))
+        kept = torch.arange(order.shape[1], device=self._device) < torch.as_tensor(path_length, device=self._device)[:, None]
+        self._valid[:, start:] = kept
+        self.lengths = self.lengths + kept.sum(1)
+        self._tree = None
+        self._crop_trailing()
+
     def truncate(self, lengths: torch.Tensor) -> None:
+        self._drop_tree()
         lengths = check_truncation(lengths.to(self._device), self.lengths)
         rank = self._valid.long().cumsum(1)
         self._valid = self._valid & (rank <= lengths[:, None])
         self.lengths = lengths
         self._crop_trailing()
+
+    def _drop_tree(self) -> None:
+        """Forget the nodes of an extend_tree not followed by keep_path (their slots are outside every context)."""
+        if self._tree is not None:
+            self._tree = None
+            self._crop_trailing()
+
+    def _cache_dtype(self) -> torch.dtype:
+        """The dtype attention runs in (the model's floating-point parameters)."""
+        return next(p.dtype for p in self._model.parameters() if p.dtype.is_floating_point)
 
     def _crop_trailing(self) -> None:
         """Free the trailing slot columns that no row uses."""

@@ -72,6 +72,14 @@ def test_a_wrong_tree_verifier_fails_where_its_mistake_matters_and_passes_elsewh
     assert audit_scenario(wrong, TREES["tree/argmax/plain"], 6000, seed=3, level=1e-4, device="cpu").verdict == "pass"
 
 
+def test_a_tree_verifier_that_raises_is_reported_as_raised_with_its_exception():
+    def raises(draft_tokens, parents, target_logits, temperature, top_k, top_p, seed, **kwargs):
+        raise RuntimeError("boom")
+
+    result = audit_scenario(as_verifier(raises), TREES["tree/argmax/plain"], 500, seed=0, level=1e-4, device="cpu")
+    assert result.verdict == "raised" and result.problems == ("raised RuntimeError: boom",)
+
+
 def test_tree_contract_breaks_are_named():
     drafts = np.array([[4, 5, 6], [4, 5, 6]])
     parents = np.array([-1, -1, 0])

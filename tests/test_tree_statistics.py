@@ -109,10 +109,10 @@ def test_sampled_mode_commits_the_exact_joint_law_of_the_first_two_tokens(code_p
         assert_catches(_joint_law(setting, draws, judged=OTHER[draws]), law, ROWS, seed=42, what="judged with replacement")
 
 
-def test_siblings_drawn_iid_but_judged_without_replacement_are_caught_in_the_verifier_itself():
-    # the other sibling scheme, run for real: i.i.d. siblings verified with sibling_draws="without_replacement"
-    # keep the first token's law (both are lossless at the root) but not the joint law of its split
-    # between descending and stopping; with_replacement siblings judged with the i.i.d. rule are exact.
+def test_siblings_drawn_without_replacement_but_judged_iid_are_caught_in_the_verifier_itself():
+    # the other sibling scheme, run for real: siblings drawn without replacement, verified with
+    # sibling_draws="with_replacement", keep the first token's law (both are lossless at the root) but not
+    # the joint law of its split between descending and stopping.
     args, probs, setting = _trees(seed=41, draws="without_replacement")
     law = _joint_law(setting, "without_replacement")
     observed = _first_two(args, draft_proposal="sampled", draft_probs=torch.as_tensor(probs, dtype=torch.float32),

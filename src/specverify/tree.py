@@ -27,7 +27,7 @@ import torch
 from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
+from .rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
 from .truncation import is_greedy, truncated_weights
 from .verdicts import sampled_verdict
 
@@ -296,7 +296,7 @@ def _sampled_step(
     residual_uniforms = keyed_uniform(keys, STREAM_RESIDUAL)
     accepted, recovered = sampled_verdict(
         first_token[:, None], weights[:, None], sums[:, None], q[:, None],
-        keyed_uniform(keys, STREAM_ACCEPT)[:, None], residual_uniforms[:, None],
+        keyed_uniform(keys, sibling_stream(0))[:, None], residual_uniforms[:, None],
     )  # fmt: skip
     child = torch.where(accepted[:, 0], first, -1)
     token = torch.where(count == 0, leaf_sample, recovered[:, 0])  # rank 0 judged, and its recovery

@@ -289,14 +289,20 @@ def _is_tree(scenario) -> bool:
     return isinstance(scenario, TreeScenario)
 
 
+def _observer_and_arguments(scenario) -> tuple[Callable, Callable]:
+    """(observe, the arguments it passes) for a chain scenario, or their tree twins (trees.py)."""
+    if _is_tree(scenario):
+        from .trees import observe_tree, tree_arguments
+
+        return observe_tree, tree_arguments
+    return observe, verifier_arguments
+
+
 def lacking_arguments(verifier: Verifier, scenario: Scenario) -> list[str]:
     """The optional arguments a scenario (chain or tree) passes that the verifier does not take."""
-    if _is_tree(scenario):
-        from .trees import lacking_tree_arguments
-
-        return lacking_tree_arguments(verifier, scenario)
     probe = np.zeros((1, scenario.positions), dtype=np.int64)
-    return verifier.lacks(verifier_arguments(scenario, probe, np.zeros(1, dtype=np.int64), "cpu")[1])
+    arguments = _observer_and_arguments(scenario)[1]
+    return verifier.lacks(arguments(scenario, probe, np.zeros(1, dtype=np.int64), "cpu")[1])
 
 
 def audit_scenario(
@@ -306,12 +312,8 @@ def audit_scenario(
     lacking = lacking_arguments(verifier, scenario)
     if lacking:
         return ScenarioResult(scenario, rows, "skipped", (f"the verifier takes no {', '.join(lacking)}",))
-    if _is_tree(scenario):
-        from .trees import audit_tree_scenario
-
-        return audit_tree_scenario(verifier, scenario, rows, seed, level, device)
     try:
-        observation = observe(verifier, scenario, rows, seed, device)
+        observation = _observer_and_arguments(scenario)[0](verifier, scenario, rows, seed, device)
     except Exception as err:  # a verifier under audit may raise anything; the report says what
         return ScenarioResult(scenario, rows, "raised", (f"raised {type(err).__name__}: {err}",))
     return judge(scenario, observation, level)

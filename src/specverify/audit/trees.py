@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .exact import GREEDY_TEMPERATURE, tree_node_law, truncated_distribution
-from .runner import Observation, ScenarioResult, batched_call, judge
+from .runner import Observation, batched_call
 from .scenarios import BOUNDARY_MARGIN, Laws, _draft_probs, _grammar_mask, _rng, _small_logits
 from .verifier import DEFAULT_TREE_VERIFIER, DEFAULT_VERIFIER, Verifier, load_verifier
 
@@ -281,22 +281,6 @@ def observe_tree(verifier: Verifier, scenario: TreeScenario, rows: int, seed: in
             committed[row[walking], index[walking]] = np.where(length > d, accepted, token)[walking]
     return Observation(length.astype(np.int64), committed, seconds, problems)
 
-
-def audit_tree_scenario(
-    verifier: Verifier, scenario: TreeScenario, rows: int, seed: int, level: float, device: str
-) -> ScenarioResult:
-    """observe_tree + the runner's judging; a verifier that raises fails the scenario."""
-    try:
-        observation = observe_tree(verifier, scenario, rows, seed, device)
-    except Exception as err:  # a verifier under audit may raise anything; the report says what
-        return ScenarioResult(scenario, rows, "FAIL", (f"raised {type(err).__name__}: {err}",))
-    return judge(scenario, observation, level)
-
-
-def lacking_tree_arguments(verifier: Verifier, scenario: TreeScenario) -> list[str]:
-    """The optional arguments a tree scenario passes that the verifier does not take."""
-    probe = np.zeros((1, scenario.positions), dtype=np.int64)
-    return verifier.lacks(tree_arguments(scenario, probe, np.zeros(1, dtype=np.int64), "cpu")[1])
 
 
 

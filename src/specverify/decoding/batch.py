@@ -16,15 +16,15 @@ from .drafters import Drafter
 from .grammar import Grammar, GrammarCompiler
 from .loading import LoadedModel
 from .loop import plain_generate, speculative_generate
-from .requests import Request
+from .requests import GRAMMAR_FIELDS, Request
 from .result import GenerationResult
 from .schema import schema_violation
 from .thinking import ThinkingRegions
 
 #: How each grammar kind is named in errors about a request given by the command's flags.
 GRAMMAR_FLAGS = {"json_schema": "--json-schema", "regex": "--regex", "choice": "--choices"}
-#: ... and by a JSONL line.
-GRAMMAR_FIELDS = {"json_schema": "json_schema", "regex": "regex", "choice": "choices"}
+#: ... and by a JSONL line (the inverse of requests.GRAMMAR_FIELDS).
+FIELD_OF_KIND = {kind: field for field, kind in GRAMMAR_FIELDS.items()}
 
 
 class GrammarError(ValueError):
@@ -68,7 +68,7 @@ def compile_grammars(loaded: LoadedModel, requests: list[Request]) -> list[Gramm
         try:
             grammars.append(compile_[kind](value))
         except ValueError as err:
-            where = f"{request.origin}: {GRAMMAR_FIELDS[kind]}" if request.origin else GRAMMAR_FLAGS[kind]
+            where = f"{request.origin}: {FIELD_OF_KIND[kind]}" if request.origin else GRAMMAR_FLAGS[kind]
             raise GrammarError(f"{where}: {err}") from None
     return grammars
 

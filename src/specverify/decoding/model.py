@@ -73,18 +73,17 @@ class ContextOverflow(ValueError):
     """A request's prompt plus max_tokens exceeds the model's context."""
 
 
-def check_context(model: LanguageModel, prompts, max_tokens: int | Sequence[int]) -> None:
+def check_context(model: LanguageModel, prompts, max_tokens: Sequence[int]) -> None:
     """Raise ContextOverflow when a prompt's length plus max_tokens exceeds model.max_context (a row's
     last generated token is never fed to the model, but a context of prompt + max_tokens must fit, as in
     vLLM's max_model_len). Nothing is truncated: truncating a prompt silently changes the answer.
 
-    prompts: B token-id lists; max_tokens: int >= 0, or one per prompt.
+    prompts: B token-id lists; max_tokens: B ints >= 0.
     """
     limit = getattr(model, "max_context", None)
     if limit is None:
         return
-    budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
-    for row, (prompt, budget) in enumerate(zip(prompts, budgets)):
+    for row, (prompt, budget) in enumerate(zip(prompts, max_tokens)):
         if len(prompt) + budget > limit:
             raise ContextOverflow(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({budget}) = {len(prompt) + budget} "
@@ -235,9 +234,9 @@ class HFSession:
             for name in ("keys", "values"):
                 block = getattr(layer, name)[:, :, start:]
                 block.copy_(block.gather(2, index.expand_as(block)))
-        kept = torch.arange(order.shape[1], device=self._device) < torch.as_tensor(path_length, device=self._device)[:, None]
-        self._valid[:, start:] = kept
-        self.lengths = self.lengths + kept.sum(1)
+        path_length = torch.as_tensor(path_length, device=self._device)
+        self._valid[:, start:] = torch.arange(order.shape[1], device=self._device) < path_length[:, None]
+        self.lengths = self.lengths + path_length
         self._tree = None
         self._crop_trailing()
 

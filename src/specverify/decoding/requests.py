@@ -87,6 +87,8 @@ def request_from_fields(fields: dict, defaults: Request) -> Request:
     for name, ok in checks.items():
         if name in fields and not ok(fields[name]):
             raise ValueError(f"{name} must be {FIELDS[name]} (got {fields[name]!r:.80})")
+    if "seed" in fields and not -(2**63) <= fields["seed"] < 2**64:  # a 64-bit key, as --seed
+        raise ValueError(f"seed must fit in 64 bits, in [-2**63, 2**64) (got {fields['seed']})")
     grammars = [f for f in GRAMMAR_FIELDS if f in fields]
     if len(grammars) > 1:
         raise ValueError(f"give at most one of json_schema, regex and choices (got {' and '.join(grammars)})")

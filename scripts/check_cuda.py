@@ -45,7 +45,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
 import sys
 import time
 from typing import Iterator
@@ -55,6 +54,7 @@ import torch
 
 import specverify as sv
 from specverify.audit.exact import first_rejection_law, truncated_distribution
+from specverify import kernels
 
 STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2
 GREEDY_TEMPERATURE = 1e-5
@@ -92,18 +92,8 @@ class Target:
 @contextlib.contextmanager
 def running_on(target: Target) -> Iterator[None]:
     """Inside the block, specverify runs on the target's backend (SPECVERIFY_BACKEND), when it names one."""
-    if target.forced_backend is None:
+    with kernels.forced(target.forced_backend):
         yield
-        return
-    saved = os.environ.get("SPECVERIFY_BACKEND")
-    os.environ["SPECVERIFY_BACKEND"] = target.forced_backend
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["SPECVERIFY_BACKEND"]
-        else:
-            os.environ["SPECVERIFY_BACKEND"] = saved
 
 
 def _to(value, target: Target, perturb: bool = False):

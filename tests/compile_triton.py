@@ -66,7 +66,7 @@ def variants():
                 continue
             signature = {"x_ptr": FLOATS[dtype], "m_ptr": "*i32" if mask else FLOATS[dtype], "t_ptr": "*fp32", "k_ptr": "*i64",
                          "p_ptr": "*fp32", "mp_ptr": "*fp32", "seed_ptr": "*i64", "d_ptr": "*i64",
-                         "think_ptr": "*i8" if relaxed else "*i64", "q_ptr": FLOATS[dtype] if sampled else FLOATS[dtype],
+                         "think_ptr": "*i8" if relaxed else "*i64", "q_ptr": "*fp32" if sampled else FLOATS[dtype],
                          "first_ptr": "*i64", "recovered_ptr": "*i64", "bonus_ptr": "*i64", "batch": "i32", "K": "i32",
                          "V": "i32", "W": "i32", "greedy_below": "fp32", "rtol": "fp32", "relaxed_k": "i32",
                          "relaxed_delta": "fp32"}

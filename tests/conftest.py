@@ -120,7 +120,7 @@ def code_path(request):
 
 def _backend_params() -> list:
     skip_native = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
-    skip_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+    skip_triton = pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter (no CUDA here; on a GPU run scripts/check_cuda.py)")
     return [pytest.param("native", marks=skip_native), "torch", pytest.param("triton", marks=skip_triton)]
 
 

@@ -26,7 +26,7 @@ from specverify.rng import keyed_uniform
 
 from conftest import backend_path, check_output_invariants, forbid_host_reads, load_check_cuda, triton_available
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install -e '.[test]') and its interpreter (no CUDA here; on a GPU run scripts/check_cuda.py)")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 jit = pytest.importorskip("specverify.kernels.triton.jit")

@@ -111,30 +111,13 @@ def _verifier(batch: Batch, mode: str, validate: bool, greedy_only: bool = False
                  "relaxed_delta": 0.3}
 
     def run() -> object:
-        with _backend(backend):
+        with kernels.forced(backend):
             return stochastic_acceptance_sampler(
                 batch.draft_tokens, batch.target_logits, temperature, batch.top_k, None, batch.top_p, None, batch.seed,
                 validate=validate, **extra,
             )
 
     return run
-
-
-@contextlib.contextmanager
-def _backend(name: str | None) -> Iterator[None]:
-    """Inside the block, SPECVERIFY_BACKEND is `name` (None: left as it is)."""
-    if name is None:
-        yield
-        return
-    saved = os.environ.get(kernels.ENVIRONMENT)
-    os.environ[kernels.ENVIRONMENT] = name
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[kernels.ENVIRONMENT]
-        else:
-            os.environ[kernels.ENVIRONMENT] = saved
 
 
 def _flashinfer_cases(batch: Batch) -> tuple[dict[str, Callable[[], object]], str | None]:

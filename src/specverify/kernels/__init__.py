@@ -14,10 +14,12 @@ never learn which backend ran. `whole_call(t)` says whether the backend also run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -32,6 +34,23 @@ __all__ = [
 
 BACKENDS = ("torch", "native", "triton")
 ENVIRONMENT = "SPECVERIFY_BACKEND"
+
+
+@contextlib.contextmanager
+def forced(name: str | None) -> Iterator[None]:
+    """Inside the block, SPECVERIFY_BACKEND is `name` (None: left as it is); restored afterwards."""
+    if name is None:
+        yield
+        return
+    saved = os.environ.get(ENVIRONMENT)
+    os.environ[ENVIRONMENT] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[ENVIRONMENT]
+        else:
+            os.environ[ENVIRONMENT] = saved
 
 
 @functools.lru_cache(maxsize=None)

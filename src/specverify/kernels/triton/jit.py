@@ -27,9 +27,6 @@ ROW_STRIDE = tl.constexpr(0x9E3779B97F4A7C15)
 STREAM_TARGET = tl.constexpr(0)
 STREAM_ACCEPT = tl.constexpr(1)
 STREAM_RESIDUAL = tl.constexpr(2)
-# recovery modes (kernels/native: FROM_TARGET, FROM_RESIDUAL, WITHOUT_DRAFT)
-FROM_RESIDUAL = tl.constexpr(1)
-WITHOUT_DRAFT = tl.constexpr(2)
 RADIX = tl.constexpr(16)
 # a column index above every real one
 PAST_END = tl.constexpr(1 << 62)
@@ -202,7 +199,7 @@ def residual_terms(kept, q, scale, cols, use_q, excluded):
 
 
 @triton.jit
-def relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, best, top, k, delta, active,
+def relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, top, k, delta, active,
                   HAS_MASK: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr):
     """SPEC §3.4 on softmax(masked logits): the draft is among the k most likely (ranked by logit, ties to
     the lower id), has p > 0 and p >= p(top-1) - delta. top: the largest logit [R] -> bool [R]."""
@@ -333,7 +330,7 @@ def relaxed_kernel(x_ptr, d_ptr, accepted_ptr, top1_ptr, rows, V, positions, log
     logit_row = (row // positions) * logit_positions + row % positions
     top, best = row_max_argmax(x_ptr, logit_row, valid, V, x_ptr, 0, False, ROWS, TILE)
     draft = tl.load(d_ptr + row, mask=valid, other=-1)
-    accepted = relaxed_judge(x_ptr, logit_row, valid, V, x_ptr, 0, draft, best, top, k, delta, valid, False, ROWS, TILE)
+    accepted = relaxed_judge(x_ptr, logit_row, valid, V, x_ptr, 0, draft, top, k, delta, valid, False, ROWS, TILE)
     tl.store(accepted_ptr + row, accepted.to(tl.int8), mask=valid)
     tl.store(top1_ptr + row, best, mask=valid)
 
@@ -451,7 +448,7 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
     committed = tl.where(greedy, best, committed)
     accepted = tl.where(greedy, (draft >= 0) & (draft == best), accepted)
     if HAS_RELAXED:
-        judged = relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, best, largest, relaxed_k, relaxed_delta, relaxed,
+        judged = relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, largest, relaxed_k, relaxed_delta, relaxed,
                                HAS_MASK, ROWS, TILE)
         committed = tl.where(relaxed, tl.where(judged, draft, best), committed)
         accepted = tl.where(relaxed, judged, accepted)

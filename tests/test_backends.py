@@ -134,3 +134,45 @@ def test_every_backend_keeps_the_output_invariants(each_backend):
         min_top_p=None, seed=torch.tensor([5, 6, 7]), token_bitmasks=sv.pack_bitmask(torch.rand(3, 4, 100, generator=g) < 0.8),
     )
     check_output_invariants(args, sv.stochastic_acceptance_sampler(**args))
+
+
+def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each_backend):
+    """source picks the logits row of each output row (read in place by the compiled backends): the same
+    weights and sums as weighing the gathered rows; a row with a negative source has zero sums."""
+    from specverify.truncation import truncated_weights
+
+    g = torch.Generator().manual_seed(10)
+    logits = torch.randn(7, 300, generator=g)
+    source = torch.tensor([4, -1, 0, 6, 4, -1])
+    params = dict(temperature=torch.tensor([0.8, 1.0, 0.0, 1.2, 0.5, 1.0]), top_k=torch.tensor([10, -1, -1, 0, 3, 5]),
+                  top_p=torch.tensor([0.9, 1.0, 1.0, 0.7, 1.0, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.0]))  # fmt: skip
+    weights, sums = (t.clone() for t in truncated_weights(logits, **params, source=source))
+    kept = source >= 0
+    gathered = {name: value[kept] for name, value in params.items()}
+    expected_weights, expected_sums = truncated_weights(logits[source[kept]], **gathered)
+    assert torch.equal(weights[kept], expected_weights) and torch.equal(sums[kept], expected_sums)
+    assert (sums[~kept] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_backend, dtype):
+    """kernels.scan_rows (the compiled backends' one-pass logits check) against flags found entry by entry
+    in float64; rows not in use are not reported."""
+    if not kernels.accelerated(torch.zeros(1)):
+        pytest.skip("the torch backend has no scan kernel (checks take one max reduction instead)")
+    g = torch.Generator().manual_seed(11)
+    values = torch.randn(9, 1000, generator=g).to(dtype)
+    values[1, 999] = float("nan")
+    values[2, 0] = float("inf")
+    values[3] = float("-inf")
+    values[4] = float("-inf")
+    values[4, 500] = -1e4
+    values[5, 7] = -float("nan")  # NaN with the sign bit set
+    values[6, :] = float("-inf")
+    values[6, 3] = float("inf")
+    values[7, 1:] = float("-inf")
+    x = values.double()
+    expected = (torch.isnan(x) | (x == float("inf"))).any(-1).to(torch.uint8) | (2 * (x != float("-inf")).any(-1).to(torch.uint8))
+    assert torch.equal(kernels.scan_rows(values), expected)
+    in_use = torch.arange(9) % 2 == 0
+    assert torch.equal(kernels.scan_rows(values, in_use), torch.where(in_use, expected, 0))

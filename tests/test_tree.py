@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import specverify as sv
-from conftest import assert_untouched, forbid_host_reads, snapshot
+from conftest import assert_untouched, backend_path, forbid_host_reads, native_available, snapshot
+from specverify.kernels import native
 from trees import insert_padding, random_trees, reference_argmax_walk
 
 V = 9
@@ -203,6 +204,80 @@ def test_validate_false_reads_nothing_back_and_gives_the_same_outputs(code_path,
         unchecked = sv.tree_acceptance_sampler(**args, validate=False)
     assert all(torch.equal(x, y) for x, y in zip(checked, unchecked))
     assert_untouched(args, before)
+
+
+def _on_walk(path: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """bool [B, N+1]: the logits indices a row's walk truncates: 0 and i+1 for each accepted node i."""
+    batch, nodes = path.shape
+    used = torch.zeros(batch, nodes + 1, dtype=torch.bool)
+    used[:, 0] = True
+    for b in range(batch):
+        used[b, path[b, : int(length[b])] + 1] = True
+    return used
+
+
+@pytest.mark.parametrize("masks", [False, True], ids=["no-mask", "mask"])
+def test_validate_false_argmax_walk_ignores_the_rows_off_the_walk(code_path, masks):
+    # NaN in every logits row the walk does not truncate, present nodes' rows included: the same tokens
+    args = _random_tree_args(seed=13, masks=masks)
+    batch, nodes = args["draft_tokens"].shape
+    clean = sv.tree_acceptance_sampler(**args)
+    off_walk = ~_on_walk(clean[0], clean[1])
+    present = torch.cat([torch.ones(batch, 1, dtype=torch.bool), args["draft_tokens"] >= 0], dim=1)
+    assert (off_walk & present).sum() > batch  # present nodes off the walk were poisoned
+    poisoned = args["target_logits"].clone()
+    poisoned[off_walk] = float("nan")
+    with forbid_host_reads():
+        unchecked = sv.tree_acceptance_sampler(**{**args, "target_logits": poisoned}, validate=False)
+    assert all(torch.equal(x, y) for x, y in zip(clean, unchecked))
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+@pytest.mark.parametrize("proposal", ["argmax", "sampled"])
+def test_validate_false_truncates_only_the_rows_on_the_walk(monkeypatch, proposal):
+    # the compiled CPU kernels skip the rows of walks that stopped: the logits rows truncated are exactly
+    # those on the walk (index 0, and i+1 for every accepted node i), each once
+    args = _random_tree_args(seed=14, masks=False)
+    batch, nodes = args["draft_tokens"].shape
+    if proposal == "sampled":
+        args.update(draft_proposal="sampled", draft_probs=torch.full((batch, nodes, V), 1.0 / V))
+    path, length, _ = sv.tree_acceptance_sampler(**args)
+    weighed = []
+    real_weigh_rows = native.weigh_rows
+
+    def recording(logits, *rest):  # the real kernel, called through; its sources recorded
+        source = rest[-1]
+        weighed.append(source[source >= 0].clone())
+        return real_weigh_rows(logits, *rest)
+
+    monkeypatch.setattr(native, "weigh_rows", recording)
+    with backend_path("native"), forbid_host_reads():
+        unchecked = sv.tree_acceptance_sampler(**args, validate=False)
+    assert all(torch.equal(x, y) for x, y in zip((path, length), unchecked[:2]))
+    rows = torch.cat(weighed)
+    assert rows.numel() == rows.unique().numel() == int(length.sum()) + batch
+    expected = _on_walk(path, length).reshape(-1).nonzero()[:, 0]
+    assert torch.equal(rows.sort().values, expected)
+
+
+def test_validate_true_catches_nan_or_inf_in_the_row_of_any_present_node(code_path):
+    args = _random_tree_args(seed=15, batch=6, nodes=5, masks=False)
+    draft = args["draft_tokens"]
+    batch, nodes = draft.shape
+    present = torch.cat([torch.ones(batch, 1, dtype=torch.bool), draft >= 0], dim=1)
+    assert not bool(present.all())  # padded indices are there, and ignored
+    for b in range(batch):
+        for index in range(nodes + 1):
+            logits = args["target_logits"].clone()
+            logits[b, index, (b + index) % V] = float("nan") if index % 2 else float("inf")
+            if present[b, index]:
+                value = "nan" if index % 2 else "inf"
+                message = f"target_logits must not hold NaN or +inf (got {value} at row {b}, index {index}, token {(b + index) % V})"
+                with pytest.raises(ValueError, match=re.escape(message)):
+                    sv.tree_acceptance_sampler(**{**args, "target_logits": logits})
+            else:
+                path, length, token = sv.tree_acceptance_sampler(**{**args, "target_logits": logits})
+                assert ((token >= 0) & (token < V)).all()
 
 
 def test_validate_false_treats_out_of_range_ids_and_parents_as_padding():

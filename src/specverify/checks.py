@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from . import kernels
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -155,6 +157,21 @@ def _in_use(bad: torch.Tensor, in_use: torch.Tensor | None) -> torch.Tensor:
     return bad if in_use is None else bad & in_use.view(*in_use.shape, *[1] * (bad.dim() - in_use.dim()))
 
 
+def _scan_logits(logits: torch.Tensor, in_use: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One streaming pass over the (row, position) pairs in use -> (holds NaN or +inf, holds nothing above
+    -inf), bool [B, P] or [N], False where not in use. logits: float [B, P, V] or [N, V]; in_use: bool
+    [B, P] or None. A compiled backend scans the bit patterns (kernels.scan_rows, rows not in use not
+    read); the torch reference takes one max reduction (it propagates NaN and +inf)."""
+    shape, vocab = logits.shape[:-1], logits.shape[-1]
+    if logits.numel() and kernels.accelerated(logits):
+        flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1)).view(shape)
+        bad, empty = (flags & kernels.HOLDS_NAN_OR_INF) != 0, (flags & kernels.HOLDS_ABOVE_MINUS_INF) == 0
+    else:
+        top = logits.amax(-1)
+        bad, empty = torch.isnan(top) | (top == float("inf")), top == float("-inf")
+    return _in_use(bad, in_use), _in_use(empty, in_use)
+
+
 def check_finite_logits(
     name: str, logits: torch.Tensor, some_finite: bool = False, *, in_use: torch.Tensor | None = None,
     second: str = "position",
@@ -164,17 +181,17 @@ def check_finite_logits(
     in_use: bool [B, P] or None: only those (row, position) pairs are checked (None: every one).
     second: the name of the middle dim in messages.
 
-    One max reduction finds whether there is anything to report (it propagates NaN and +inf); only then
-    is the offending entry located."""
-    top = logits.amax(-1)
-    if bool(_in_use(torch.isnan(top) | (top == float("inf")), in_use).any()):
-        bad = _in_use(torch.isnan(logits) | (logits == float("inf")), in_use)
-        index = [int(i) for i in bad.nonzero()[0]]
+    One streaming pass (_scan_logits) finds whether there is anything to report; only then is the
+    offending entry located."""
+    bad, empty = _scan_logits(logits, in_use)
+    if bool(bad.any()):
+        located = _in_use(torch.isnan(logits) | (logits == float("inf")), in_use)
+        index = [int(i) for i in located.nonzero()[0]]
         raise ValueError(
             f"{name} must not hold NaN or +inf (got {logits[tuple(index)].item()} at {_where(index, second)})"
         )
     if some_finite:
-        _check_not_empty(name, top, in_use, second)
+        _check_not_empty(name, empty, second)
 
 
 def check_some_allowed(
@@ -184,12 +201,11 @@ def check_some_allowed(
 
     name: the argument to blame, the bitmask when there is one, else the logits. in_use, second: as in
     check_finite_logits."""
-    _check_not_empty(name, masked_logits.amax(-1), in_use, second)
+    _check_not_empty(name, _scan_logits(masked_logits, in_use)[1], second)
 
 
-def _check_not_empty(name: str, top: torch.Tensor, in_use: torch.Tensor | None = None, second: str = "position") -> None:
-    """top: the max logit of each (row, position) [B, P] or [N]; -inf means no token is left."""
-    empty = _in_use(top == float("-inf"), in_use)
+def _check_not_empty(name: str, empty: torch.Tensor, second: str = "position") -> None:
+    """empty: bool [B, P] or [N], where no token has a finite logit (in use)."""
     if bool(empty.any()):
         index = [int(i) for i in empty.nonzero()[0]]
         where = _where(index + [0], second)[: -len(", token 0")]

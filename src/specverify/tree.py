@@ -4,9 +4,11 @@ A row's draft is a tree of N nodes; index 0 of the logits scores the root's chil
 node i. The walk starts at the root; at depth j it judges the children of the current node with keys
 (s_b + j, stream) and either descends into one child or commits a token and stops. Every step is batched
 over the rows still walking; only the logits rows on the walk are truncated (at most depth + 1 of the
-N + 1 per row), so the cost follows the depth, not the node count. (With validate=False nothing may be
-read back to learn where rows stop: argmax mode then judges every node in one truncation and looks the
-walk up; sampled mode runs N + 1 steps over every row.)
+N + 1 per row), read in place (no gathered copy), so the cost follows the depth, not the node count.
+(With validate=False nothing may be read back to learn where rows stop: N + 1 steps run over every row,
+and the native CPU kernels skip the rows that have stopped, so only the walk's rows are still truncated;
+on backends that do not skip rows for free (Triton, torch) argmax mode judges every node in one
+truncation and looks the walk up, and sampled mode truncates every row at each step.)
 
 What one step does at the current node (p~ its truncated target, SPEC §2):
 - "argmax" (and every greedy row, in either mode): draw y ~ p~ (target stream; the argmax for greedy
@@ -28,7 +30,7 @@ from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
 from .rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
-from .truncation import is_greedy, truncated_weights
+from .truncation import is_greedy, skips_rows, truncated_weights
 from .verdicts import sampled_verdict
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
@@ -65,10 +67,13 @@ def tree_acceptance_sampler(
     drawn i.i.d. from q) or "without_replacement" (each from q without the earlier siblings), checked in
     every mode and used only by "sampled".
     validate: check every value (SPEC §6) at every index in use; False reads nothing back to the host.
-    validate=True walks only as deep as some row still walks, over the rows still walking (cost ~ depth).
-    Without host reads the walk cannot learn where rows stop: validate=False judges every node in one
-    truncation in argmax mode (the cost of a chain of K = N) and runs N + 1 steps over every row in
-    sampled mode (each up to N - depth siblings deep).
+    validate=True walks only as deep as some row still walks, over the rows still walking (cost ~ depth),
+    after one streaming pass over every index in use for NaN/+inf. Without host reads the walk cannot
+    learn where rows stop: validate=False runs N + 1 steps over every row (sampled mode: each up to
+    N - depth siblings deep), in which the native CPU kernels skip the rows that stopped (cost ~ depth
+    again, plus a few small ops per step); where rows cannot be skipped for free (Triton on a GPU, where
+    one launch over every row costs less than N + 1; the torch reference) argmax mode judges every node
+    in one truncation instead (the cost of a chain of K = N).
 
     Returns int64 tensors on the device of target_logits: path [B, N] (the accepted nodes from depth 0
     down, -1 after them), path_length [B], next_token [B] (the recovered token or the bonus). Row b commits
@@ -140,14 +145,15 @@ def _check_values(
 class _Walk:
     """One call's checked inputs and the walk over them.
 
-    draft: int64 [B, N], -1 where no node; parents: int64 [B, N]; logits: [B, N+1, V]; token_bitmasks:
-    int32 [B, N+1, W] or None; temperature, top_k, top_p, min_p: [B]; seeds: int64 [B] (s_b);
+    draft: int64 [B, N], -1 where no node; parents: int64 [B, N]; logits: [B, N+1, V] (kept as
+    [B*(N+1), V]); token_bitmasks: int32 [B, N+1, W] or None; temperature, top_k, top_p, min_p: [B]; seeds: int64 [B] (s_b);
     draft_probs: float [B, N, V] or None (argmax mode); without_replacement: the sibling scheme.
     """
 
     def __init__(self, draft, parents, logits, token_bitmasks, temperature, top_k, top_p, min_p, seeds,
                  draft_probs, without_replacement):  # fmt: skip
-        self.draft, self.parents, self.logits, self.token_bitmasks = draft, parents, logits, token_bitmasks
+        self.draft, self.parents, self.token_bitmasks = draft, parents, token_bitmasks
+        self.logits = logits.reshape(-1, logits.shape[-1]).contiguous()  # [B*(N+1), V]: a view unless strided
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
         self.seeds, self.draft_probs, self.without_replacement = seeds, draft_probs, without_replacement
 
@@ -155,9 +161,12 @@ class _Walk:
         """Walk every row from the root -> (path [B, N], path_length [B], next_token [B]), int64.
 
         validate=True: each step judges the current node of the rows still walking, and the walk ends when
-        none is (host reads). validate=False cannot learn where rows stop: in argmax mode every node is
-        judged at once (one truncation of all N + 1 logits rows, as a chain of K = N would) and the walk
-        looks its steps up; in sampled mode N + 1 steps judge every row."""
+        none is (host reads). validate=False cannot learn where rows stop: where the backend skips rows at
+        no cost (`skips_rows`: the native CPU kernels), N + 1 steps run over every row and a row that has
+        stopped is skipped inside the kernel, so only the rows on the walk are truncated; elsewhere, in
+        argmax mode every node is judged at once (one truncation of all N + 1 logits rows, as a chain of
+        K = N would: on a GPU one launch over every row costs less than N + 1 of them) and the walk looks
+        its steps up, and in sampled mode N + 1 steps judge every row."""
         batch, nodes = self.draft.shape
         device = self.logits.device
         current = torch.full((batch,), -1, dtype=torch.int64, device=device)  # -1: the root
@@ -165,7 +174,8 @@ class _Walk:
         path = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
         next_token = torch.zeros(batch, dtype=torch.int64, device=device)
         all_rows = torch.arange(batch, device=device)
-        table = None if validate or self.draft_probs is not None else self._judge_every_node()
+        stepping = validate or self.draft_probs is not None or skips_rows(self.logits)
+        table = None if stepping else self._judge_every_node()
         for depth in range(nodes + 1):
             if table is not None:
                 rows = all_rows
@@ -174,7 +184,9 @@ class _Walk:
                 rows = walking.nonzero()[:, 0] if validate else all_rows
                 if validate and rows.numel() == 0:
                     break
-                child, token = self._step(rows, current.index_select(0, rows), depth, validate)
+                at = current.index_select(0, rows)
+                source = torch.where(walking.index_select(0, rows), rows * (nodes + 1) + at + 1, -1)
+                child, token = self._step(rows, at, depth, validate, source)
             chosen = torch.full_like(current, -1).index_copy(0, rows, child)
             descend = walking & (chosen >= 0)
             stop = walking & ~descend
@@ -194,8 +206,8 @@ class _Walk:
         current = torch.arange(-1, nodes, device=device).repeat(batch)
         root = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         depth = torch.cat([root, _node_depths(self.parents) + 1], dim=1)
-        logits = self.logits.reshape(batch * (nodes + 1), -1)
-        child, token = self._step(rows, current, depth.reshape(-1), validate=False, logits=logits)
+        source = torch.arange(batch * (nodes + 1), device=device)
+        child, token = self._step(rows, current, depth.reshape(-1), False, source)
         return child.view(batch, nodes + 1), token.view(batch, nodes + 1)
 
     def _children(self, rows: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -206,23 +218,24 @@ class _Walk:
         return present & (parents == current[:, None]) & (nodes > current[:, None])
 
     def _step(
-        self, rows: torch.Tensor, current: torch.Tensor, depth: int | torch.Tensor, validate: bool,
-        logits: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        self, rows: torch.Tensor, current: torch.Tensor, depth: int | torch.Tensor, validate: bool, source: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Judge the children of each row's current node. rows: int64 [R]; current: int64 [R] (-1: root);
-        depth: the walk's depth there (int, or int64 [R]); logits: [R, V], the logits rows of those nodes
-        when already at hand (else gathered).
+        depth: the walk's depth there (int, or int64 [R]); source: int64 [R], the row of the [B*(N+1), V]
+        logits that scores those children (b * (N+1) + current + 1), -1 for a row that has stopped (not
+        truncated where the backend skips rows; its results are ignored).
 
         Returns (child int64 [R]: the node descended into, -1 to stop; token int64 [R]: the token committed
         when stopping)."""
-        index = current + 1
-        if logits is None:
-            logits = self.logits[rows, index]  # (index_select copies rows of this size far more slowly)
-        if self.token_bitmasks is not None:
-            logits = apply_bitmask(logits, self.token_bitmasks[rows, index])
+        logits = self.logits
+        if self.token_bitmasks is not None:  # a masked copy of the rows in use
+            taken = source.clamp(min=0)
+            masks = self.token_bitmasks.reshape(-1, self.token_bitmasks.shape[-1])[taken]
+            logits = apply_bitmask(logits[taken], masks)  # (index_select copies rows of this size far more slowly)
+            source = torch.where(source >= 0, torch.arange(source.shape[0], device=source.device), -1)
         pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
         weights, sums = truncated_weights(
-            logits, pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p)
+            logits, pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p), source=source
         )
         keys = pick(self.seeds) + depth
         children = self._children(rows, current)

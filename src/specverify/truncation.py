@@ -157,25 +157,39 @@ def truncated_weights(
     min_p: torch.Tensor | None,
     max_k: int | None = None,
     use_top_p: bool = True,
+    source: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unnormalised p~ for checked arguments. masked_logits: [N, V]; params [N] ->
+    """Unnormalised p~ for checked arguments. masked_logits: [M, V]; params [N] ->
     (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). Greedy rows are one-hot at their
     argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
-    does. The weights may live in this thread's scratch buffer: use them before the next call. A compiled
+    does. source: int64 [N], the logits row of each output row, read in place by a compiled backend (no
+    gathered copy); a negative one is skipped (zero sums, weights undefined: a draw from it gives a valid
+    id), at next to no cost where `skips_rows`; None: row n is logits row n (M = N).
+    The weights may live in this thread's scratch buffer: use them before the next call. A compiled
     backend (kernels/) does it all in one pass per row; the torch reference uses the hints."""
-    out = _scratch(masked_logits.shape, masked_logits.device)
-    if masked_logits.numel() and kernels.accelerated(masked_logits):
+    rows = masked_logits.shape[0] if source is None else source.shape[0]
+    out = _scratch(torch.Size((rows, masked_logits.shape[-1])), masked_logits.device)
+    if rows and masked_logits.numel() and kernels.accelerated(masked_logits):
         sums = kernels.weigh_rows(
             masked_logits.detach(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
-            block_size(masked_logits.shape[-1]), out,
+            block_size(masked_logits.shape[-1]), out, source,
         )
         return out, sums
-    x = masked_logits.detach().float()
+    x = masked_logits.detach() if source is None else masked_logits.detach().index_select(0, source.clamp(min=0))
+    x = x.float()
     weights = scaled_weights(x, temperature, out)
     truncated = truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
     one_hot = torch.zeros_like(truncated).scatter_(1, greedy_tokens(x)[:, None], 1.0)
     truncated = torch.where(is_greedy(temperature)[:, None], one_hot, truncated)
-    return truncated, block_sums(truncated)
+    sums = block_sums(truncated)
+    return truncated, sums if source is None else sums.masked_fill_((source < 0)[:, None], 0.0)
+
+
+def skips_rows(logits: torch.Tensor) -> bool:
+    """Whether truncated_weights skips rows with a negative source at next to no cost on these logits'
+    device (kernels.skips_rows: the native kernels), so that a walk over every row costs only the rows
+    still walking; elsewhere a skipped row costs as much as any."""
+    return kernels.skips_rows(logits)
 
 
 def truncated_probs(

@@ -28,8 +28,9 @@ from . import native
 from .native import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT
 
 __all__ = [
-    "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "WITHOUT_DRAFT", "accelerated", "argmax_rows", "backend",
-    "recover_rows", "relaxed_rows", "sample_rows", "verify_rows", "weigh_rows", "whole_call",
+    "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "HOLDS_ABOVE_MINUS_INF", "HOLDS_NAN_OR_INF", "WITHOUT_DRAFT",
+    "accelerated", "argmax_rows", "backend", "recover_rows", "relaxed_rows", "sample_rows", "scan_rows",
+    "skips_rows", "verify_rows", "weigh_rows", "whole_call",
 ]
 
 BACKENDS = ("torch", "native", "triton")
@@ -135,18 +136,40 @@ def _kernels_for(tensor: torch.Tensor) -> ModuleType:
 
 def weigh_rows(
     logits: torch.Tensor, temperature: torch.Tensor, greedy_below: float, top_k: torch.Tensor, top_p: torch.Tensor,
-    min_p: torch.Tensor | None, rtol: float, block: int, out: torch.Tensor,
+    min_p: torch.Tensor | None, rtol: float, block: int, out: torch.Tensor, source: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (SPEC §2; one-hot at the
     argmax for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
-    kept weights. logits: float [N, V] (float32, bfloat16 or float16, read as they are); out: contiguous
-    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]."""
-    return _kernels_for(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out)
+    kept weights. logits: float [M, V] (float32, bfloat16 or float16, read as they are); out: contiguous
+    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]. source: int64 [N] or None, the logits row
+    each output row weighs (None: row r, M = N); a negative one is skipped: zero sums, weights undefined
+    (free where `skips_rows`, else weighed as row 0 and its sums zeroed)."""
+    return _kernels_for(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source)
+
+
+def skips_rows(tensor: torch.Tensor) -> bool:
+    """Whether weigh_rows skips rows whose source is negative at next to no cost on this tensor's device
+    (the native kernels: a walk over every row then costs only the rows still walking). Where it does not
+    (Triton: a launch per step costs more than weighing every row at once on a GPU), callers weigh all
+    their rows in one call instead."""
+    return backend(tensor) == "native"
 
 
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     """First argmax per row, NaN never winning. values: float [N, V] -> int64 [N]."""
     return _kernels_for(values).argmax_rows(values)
+
+
+#: Flags of scan_rows.
+HOLDS_NAN_OR_INF, HOLDS_ABOVE_MINUS_INF = 1, 2
+
+
+def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch.Tensor:
+    """The value checks of logits (SPEC §6) in one streaming pass: per row in use, HOLDS_NAN_OR_INF if it
+    holds NaN or +inf, | HOLDS_ABOVE_MINUS_INF if it holds a value other than -inf; 0 for a row not in use.
+    values: float [N, V] (float32, bfloat16 or float16, read as they are); in_use: bool [N] or None
+    (every row) -> uint8 [N]."""
+    return _kernels_for(values).scan_rows(values, in_use)
 
 
 def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:

@@ -126,8 +126,9 @@ def load() -> ctypes.CDLL | None:
             return None
     library.specverify_threads_itself = threaded
     pointer, i32, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
-    library.weigh_rows.argtypes = [pointer, i32, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
+    library.weigh_rows.argtypes = [pointer, i32, pointer, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
     library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
+    library.scan_rows.argtypes = [pointer, i32, i64, i64, pointer, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
     library.relaxed_rows.argtypes = [pointer, i32, pointer, i64, i64, i64, i64, i64, f64, pointer, pointer]
     library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
@@ -174,25 +175,30 @@ def weigh_rows(
     rtol: float,
     block: int,
     out: torch.Tensor,
+    source: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (one-hot at the argmax
     for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
-    kept weights. logits: float [N, V] (float32, bfloat16 and float16 read as they are); out: contiguous
-    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]."""
-    rows, vocab = logits.shape
+    kept weights. logits: float [M, V] (float32, bfloat16 and float16 read as they are); out: contiguous
+    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]. source: int64 [N], the logits row each
+    output row weighs in place (no gathered copy), a negative one skipped (zero sums, weights untouched);
+    None: row r weighs logits row r (M = N)."""
+    rows, vocab = out.shape
     logits, dtype = _readable(logits)
     width = logits.element_size()
     temperature = temperature.to(torch.float32).contiguous()
     top_k = top_k.to(torch.int64).contiguous()
     top_p = top_p.to(torch.float32).contiguous()
     min_p = None if min_p is None else min_p.to(torch.float32).contiguous()
+    source = None if source is None else source.to(torch.int64).contiguous()
     blocks = -(-vocab // block)
     sums = torch.empty(rows, blocks, dtype=torch.float64)
     library = load()
 
     def run(start: int, stop: int) -> None:
         library.weigh_rows(
-            logits.data_ptr() + start * vocab * width, dtype, stop - start, vocab,
+            logits.data_ptr() + (0 if source is not None else start * vocab * width), dtype,
+            None if source is None else source.data_ptr() + start * 8, stop - start, vocab,
             temperature.data_ptr() + start * 4, greedy_below,
             top_k.data_ptr() + start * 8, top_p.data_ptr() + start * 4,
             None if min_p is None else min_p.data_ptr() + start * 4,
@@ -212,6 +218,21 @@ def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     library = load()
     _split_rows(rows, lambda a, b: library.argmax_rows(
         values.data_ptr() + a * vocab * width, dtype, b - a, vocab, out.data_ptr() + a * 8))
+    return out
+
+
+def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch.Tensor:
+    """Per row in use: 1 if it holds NaN or +inf, | 2 if it holds a value other than -inf (0 for a row not
+    in use). values: float [N, V]; in_use: bool [N] or None (every row) -> uint8 [N]."""
+    values, dtype = _readable(values)
+    rows, vocab = values.shape
+    width = values.element_size()
+    in_use = None if in_use is None else in_use.to(torch.uint8).contiguous()
+    out = torch.empty(rows, dtype=torch.uint8)
+    library = load()
+    _split_rows(rows, lambda a, b: library.scan_rows(
+        values.data_ptr() + a * vocab * width, dtype, b - a, vocab, None if in_use is None else in_use.data_ptr() + a,
+        out.data_ptr() + a))
     return out
 
 

@@ -321,20 +321,30 @@ static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t
  * max(k-th largest, nucleus threshold on the top-k-renormalised row, min_p) zeroed, and NaN ones.
  * Rows with temperature below `greedy_below` become one-hot at their argmax (lowest index on ties, NaN
  * never wins). top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be NULL.
- * logits: [rows, n] of `dtype` (FLOAT32, BFLOAT16 or FLOAT16). Writes weights [rows, n] float32 and
- * block_sums [rows, ceil(n / block)], the sum of each block of kept weights. */
-CLONES void weigh_rows(const void *logits, int dtype, int64_t rows, int64_t n, const float *temperature, float greedy_below,
-                       const int64_t *top_k, const float *top_p, const float *min_p, double rtol, int64_t block,
-                       float *weights, double *block_sums) {
+ * logits: [.., n] of `dtype` (FLOAT32, BFLOAT16 or FLOAT16); output row r weighs logits row source[r]
+ * (r itself when source is NULL), and a negative source skips it: its block sums are zeroed and its
+ * weights left as they were (the rows of a tree walk that has stopped). Writes weights [rows, n]
+ * float32 and block_sums [rows, ceil(n / block)], the sum of each block of kept weights. */
+CLONES void weigh_rows(const void *logits, int dtype, const int64_t *source, int64_t rows, int64_t n,
+                       const float *temperature, float greedy_below, const int64_t *top_k, const float *top_p,
+                       const float *min_p, double rtol, int64_t block, float *weights, double *block_sums) {
     const int64_t blocks = (n + block - 1) / block;
-#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    int64_t weighed = rows; /* threads only where more than one row is weighed */
+    if (source)
+        for (int64_t r = weighed = 0; r < rows; r++) weighed += source[r] >= 0;
+#pragma omp parallel if (weighed > 1 && weighed * n >= PARALLEL_WORK)
     {
     float *scratch = malloc((size_t)n * sizeof *scratch);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         float *row = weights + r * n;
-        const float *x = float_row(logits, dtype, r, n, row); /* converted in place of the weights */
         double *sums = block_sums + r * blocks;
+        const int64_t from = source ? source[r] : r;
+        if (from < 0) {
+            memset(sums, 0, (size_t)blocks * sizeof *sums);
+            continue;
+        }
+        const float *x = float_row(logits, dtype, from, n, row); /* converted in place of the weights */
         if (temperature[r] < greedy_below) {
             const int64_t best = row_argmax(x, n);
             memset(row, 0, (size_t)n * sizeof *row);
@@ -367,6 +377,42 @@ CLONES void argmax_rows(const void *values, int dtype, int64_t rows, int64_t n, 
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(float_row(values, dtype, r, n, buffer), n);
     free(buffer);
+    }
+}
+
+/* One row's scan: bit 1 of `flags` when it holds NaN (magnitude bits above +inf's) or +inf, bit 2 when
+ * it holds a value other than -inf. Integer compares on the bit patterns of `bits`-bit elements,
+ * or-reduced over the row (vectorised); plus_inf, minus_inf: the type's patterns of +inf and -inf. */
+#define SCAN_ROW(bits, row, n, plus_inf, minus_inf)                                                   \
+    do {                                                                                              \
+        const uint##bits##_t plus = (plus_inf), minus = (minus_inf), sign = minus ^ plus;               \
+        uint##bits##_t bad = 0, some = 0;                                                             \
+        for (int64_t i = 0; i < (n); i++) {                                                           \
+            const uint##bits##_t v = (row)[i];                                                        \
+            bad |= (uint##bits##_t)(((v & (uint##bits##_t)~sign) > plus) | (v == plus));              \
+            some |= (uint##bits##_t)(v != minus);                                                     \
+        }                                                                                             \
+        flags = (uint8_t)((bad ? 1 : 0) | (some ? 2 : 0));                                            \
+    } while (0)
+
+/* For each row of values [rows, n] of `dtype` in use (in_use[r] != 0; every row when in_use is NULL):
+ * flags[r] = 1 if it holds NaN or +inf, | 2 if it holds a value other than -inf; 0 for a row not in use.
+ * One streaming pass over the rows in use, spread over threads. */
+CLONES void scan_rows(const void *values, int dtype, int64_t rows, int64_t n, const uint8_t *in_use, uint8_t *flags_out) {
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= PARALLEL_WORK)
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t flags = 0;
+        if (in_use && !in_use[r]) {
+            flags_out[r] = 0;
+            continue;
+        }
+        if (dtype == FLOAT32)
+            SCAN_ROW(32, (const uint32_t *)values + r * n, n, 0x7f800000u, 0xff800000u);
+        else if (dtype == BFLOAT16)
+            SCAN_ROW(16, (const uint16_t *)values + r * n, n, 0x7f80u, 0xff80u);
+        else
+            SCAN_ROW(16, (const uint16_t *)values + r * n, n, 0x7c00u, 0xfc00u);
+        flags_out[r] = flags;
     }
 }
 

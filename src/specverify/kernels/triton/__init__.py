@@ -56,8 +56,13 @@ def _without_search(shape: dict) -> dict:
     return {name: value for name, value in shape.items() if name != "SEARCH"}
 
 
-def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out):
-    """kernels.weigh_rows on the GPU (see there)."""
+def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source=None):
+    """kernels.weigh_rows on the GPU (see there). With `source` the rows are gathered first (a copy that
+    costs microseconds on a GPU) and skipped rows weigh row 0, their sums zeroed."""
+    if source is not None:
+        sums = weigh_rows(logits.index_select(0, source.clamp(min=0)), temperature, greedy_below, top_k, top_p,
+                          min_p, rtol, block, out)  # fmt: skip
+        return sums.masked_fill_((source < 0)[:, None], 0.0)
     rows, vocab = logits.shape
     logits = logits.contiguous()
     blocks = -(-vocab // block)
@@ -78,6 +83,16 @@ def argmax_rows(values):
     out = torch.empty(rows, dtype=torch.int64, device=values.device)
     shape = _without_search(launch_shape(rows, vocab, values.device))
     jit.argmax_kernel[_grid(rows, shape)](values.contiguous(), out, rows, vocab, **shape)
+    return out
+
+
+def scan_rows(values, in_use=None):
+    """kernels.scan_rows on the GPU (see there)."""
+    rows, vocab = values.shape
+    out = torch.empty(rows, dtype=torch.uint8, device=values.device)
+    use = torch.ones(rows, dtype=torch.int8, device=values.device) if in_use is None else in_use.to(torch.int8).contiguous()
+    shape = _without_search(launch_shape(rows, vocab, values.device))
+    jit.scan_kernel[_grid(rows, shape)](values.contiguous(), use, out, rows, vocab, **shape)
     return out
 
 

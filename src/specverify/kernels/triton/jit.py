@@ -269,6 +269,24 @@ def argmax_kernel(x_ptr, out_ptr, rows, V, ROWS: tl.constexpr, TILE: tl.constexp
 
 
 @triton.jit
+def scan_kernel(x_ptr, use_ptr, out_ptr, rows, V, ROWS: tl.constexpr, TILE: tl.constexpr):
+    """Per row in use (use_ptr: int8 [rows], != 0): 1 if it holds NaN or +inf, | 2 if it holds a value
+    other than -inf; 0 for a row not in use (kernels.scan_rows)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    valid = row < rows
+    scanned = valid & (tl.load(use_ptr + row, mask=valid, other=0) != 0)
+    bad = tl.zeros([ROWS], tl.int32)
+    some = tl.zeros([ROWS], tl.int32)
+    for start in range(0, V, TILE):
+        cols = start + tl.arange(0, TILE)
+        inside = scanned[:, None] & (cols[None, :] < V)
+        x = tl.load(x_ptr + row[:, None] * V + cols[None, :], mask=inside, other=float("-inf")).to(tl.float32)
+        bad = bad | tl.max(((x != x) | (x == float("inf"))).to(tl.int32), axis=1)
+        some = some | tl.max((x != float("-inf")).to(tl.int32), axis=1)
+    tl.store(out_ptr + row, (bad | (some * 2)).to(tl.uint8), mask=valid)
+
+
+@triton.jit
 def _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, excluded, RECOVERY: tl.constexpr):
     """A tile of what draw_kernel draws from: the given weights, or (RECOVERY) the recovery's terms."""
     inside = valid[:, None] & (cols[None, :] < V)

@@ -9,6 +9,8 @@ real target would); one padding node sits at a random index of every row, with N
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -161,3 +163,71 @@ def test_argmax_mode_commits_the_target_at_the_root_and_below():
     for sequence, probability in sibling_sequences(q0, ROOT_CHILDREN, "with_replacement"):
         wrong[sequence[0], :V] += probability * target(by_token[sequence[0]])
     assert_catches(wrong.reshape(-1), law.reshape(-1), ROWS, seed=47, what="argmax: descending regardless of y")
+
+
+# Siblings of rank >= 1 that q cannot have drawn (SPEC §8: q(c) == 0 is judged without a distribution,
+# accepted with r(c), and on rejection r loses c), on a root with three leaf children:
+# - "with_replacement": rank 1 holds a token q gives no mass (a drafter's extra child, e.g. from an
+#   n-gram trie), ranks 0 and 2 are drawn from q;
+# - "without_replacement": q is one token, so after rank 0 it has lost all its mass and ranks 1 and 2
+#   (two other tokens, distinct) are judged without a distribution.
+BLIND_V = 6
+
+
+def _blind_setting(draws: str):
+    """(root logits [V] float32, q [V], the children's token sequences with their probabilities)."""
+    rng = np.random.default_rng(60 + (draws == "without_replacement"))
+    root = rng.normal(0, 1.0, BLIND_V).astype(np.float32)
+    if draws == "with_replacement":
+        q = rng.dirichlet(np.ones(BLIND_V))
+        outside = [1, 4]  # tokens q gives no mass: the blind sibling's, uniform over them
+        q[outside] = 0.0
+        q /= q.sum()
+        sequences = [((a, b, c), q[a] * q[c] / len(outside)) for a, b, c in itertools.product(range(BLIND_V), outside, range(BLIND_V))
+                     if q[a] * q[c] > 0]  # fmt: skip
+    else:
+        only = int(np.argsort(root)[-3])  # q's one token: the third most likely, often rejected
+        q = np.eye(BLIND_V)[only]
+        others = [t for t in range(BLIND_V) if t != only]
+        pairs = [(b, c) for b in others for c in others if b != c]
+        sequences = [((only, b, c), 1.0 / len(pairs)) for b, c in pairs]
+    return root, q, sequences
+
+
+def _blind_law(draws: str, **variant) -> np.ndarray:
+    """Exact law of (the rank of the accepted child, its token) or (stopped, the committed token), as bins
+    rank * V + token with rank 3 = stopped."""
+    root, q, sequences = _blind_setting(draws)
+    target = truncated_distribution(root, TEMPERATURE, TOP_K)
+    descend, stop = tree_node_law(target, q, 3, draws, "sampled", sequences=sequences, **variant)
+    return np.concatenate([descend.reshape(-1), stop])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draws", ["with_replacement", "without_replacement"])
+def test_sampled_siblings_that_q_cannot_draw_are_judged_without_a_distribution(code_path, draws):
+    root, q, sequences = _blind_setting(draws)
+    assert sum(p for _, p in sequences) == pytest.approx(1.0, abs=1e-12)
+    law = _blind_law(draws)
+    target = truncated_distribution(root, TEMPERATURE, TOP_K)
+    # the guarantee, in float64: the committed token follows p~ with the blind siblings too
+    assert np.allclose(law.reshape(4, BLIND_V).sum(0), target, atol=1e-12)
+    assert law[BLIND_V : 3 * BLIND_V].sum() > 0.1  # ranks 1 and 2 are accepted often enough to be seen
+    rng = np.random.default_rng(62)
+    pick = rng.choice(len(sequences), size=ROWS, p=np.array([p for _, p in sequences]))
+    draft = torch.as_tensor(np.array([sequences[i][0] for i in pick], dtype=np.int64))
+    args = dict(
+        draft_tokens=draft, parents=torch.full((ROWS, 3), -1),
+        target_logits=torch.as_tensor(root).expand(ROWS, 4, BLIND_V).contiguous(),
+        temperature=torch.full((ROWS,), TEMPERATURE), top_k=torch.full((ROWS,), TOP_K), top_p=torch.ones(ROWS),
+        seed=torch.as_tensor(rng.integers(-(2**63), 2**63 - 1, size=ROWS, dtype=np.int64)),
+    )  # fmt: skip
+    path, length, token = sv.tree_acceptance_sampler(
+        **args, draft_proposal="sampled", draft_probs=torch.as_tensor(q, dtype=torch.float32).expand(ROWS, 3, BLIND_V),
+        sibling_draws=draws,
+    )  # fmt: skip
+    rank = torch.where(length > 0, path[:, 0], 3)
+    committed = torch.where(length > 0, draft.gather(1, path[:, :1].clamp(min=0))[:, 0], token)
+    assert_follows((rank * BLIND_V + committed).numpy(), law, f"{draws}: blind siblings")
+    # power: a verifier that leaves r as it was when it rejects a blind sibling (which can then commit it)
+    assert_catches(_blind_law(draws, forget_blind=True), law, ROWS, seed=63, what=f"{draws}: r keeps a rejected blind sibling")

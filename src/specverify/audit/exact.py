@@ -165,8 +165,10 @@ def tree_node_law(
     draws: str = "with_replacement",
     proposal: str = "argmax",
     *,
+    sequences: list[tuple[tuple[int, ...], float]] | None = None,
     judged: str | None = None,
     update_residual: bool = True,
+    forget_blind: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One step of the tree walk (SPEC §8) at a node whose `siblings` children are drawn from draft_law.
 
@@ -175,16 +177,20 @@ def tree_node_law(
     stop [V]: P(the walk stops there committing v)), averaged over the children's draws. The guarantee
     is descend.sum(0) + stop == target.
     "argmax": y ~ p~; descend into the lowest-rank child with token y, else commit y. "sampled": child c
-    in rank order is accepted with min(1, r(c) / q(c)) (r(c) when q(c) == 0); on rejection r = max(0, r - q)
-    renormalised (r without c when q(c) == 0), and q loses c when judged "without_replacement"; when all
-    are rejected a draw from r (p~ if r has no mass).
-    judged, update_residual: only to compute known-wrong variants (a verifier judging with the other
-    scheme than the draft used; a verifier that never updates r).
+    in rank order is accepted with min(1, r(c) / q(c)) (r(c) when q(c) == 0, or when q, without
+    replacement, has lost all its mass: judged without a distribution); on rejection r = max(0, r - q)
+    renormalised (r without c, renormalised, when c was judged without q), and q loses c when judged
+    "without_replacement"; when all are rejected a draw from r (p~ if r has no mass).
+    sequences: the children's tokens in rank order with their probabilities, when they were not drawn as
+    `draws` says (e.g. a child the draft could not have drawn, q(c) == 0); None: sibling_sequences.
+    judged, update_residual, forget_blind: only to compute known-wrong variants (a verifier judging with
+    the other scheme than the draft used; one that never updates r; one that leaves r as it was when it
+    rejects a child judged without q).
     """
     target = np.asarray(target, dtype=np.float64)
     judged = judged or draws
     descend, stop = np.zeros((siblings, len(target))), np.zeros(len(target))
-    for sequence, probability in sibling_sequences(draft_law, siblings, draws):
+    for sequence, probability in sibling_sequences(draft_law, siblings, draws) if sequences is None else sequences:
         if proposal == "argmax":
             for y in np.flatnonzero(target):
                 if y in sequence:
@@ -201,7 +207,7 @@ def tree_node_law(
             if update_residual:
                 if q_c > 0:
                     r = np.maximum(r - q, 0.0)
-                else:
+                elif not forget_blind:
                     r[token] = 0.0
                 r = r / r.sum() if r.sum() > 0 else r
             if judged == "without_replacement":

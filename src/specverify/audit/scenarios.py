@@ -155,14 +155,21 @@ def exact_laws(scenario: Scenario) -> Laws:
     return Laws(target, committed, accept, first_rejection_law(accept))
 
 
-def check_well_posed(scenario: Scenario) -> None:
-    """Raise ValueError if a kept set, or a relaxed verdict, changes when top_p, min_p or relaxed_delta
-    move by BOUNDARY_MARGIN: such a scenario would judge float32 rounding, not the verifier."""
+def check_kept_sets_stable(scenario, where: str = "position") -> None:
+    """Raise ValueError if a kept set changes when top_p or min_p move by BOUNDARY_MARGIN: such a scenario
+    would judge float32 rounding, not the verifier. scenario: a Scenario (or a tree's, whose logits
+    indices are named `where` = "index"), with positions + 1 targets."""
     for factor in (1 - BOUNDARY_MARGIN, 1 + BOUNDARY_MARGIN):
         moved = replace(scenario, top_p=min(1.0, scenario.top_p * factor), min_p=scenario.min_p * factor)
         for j in range(scenario.positions + 1):
             if not np.array_equal(scenario.target(j) > 0, moved.target(j) > 0):
-                raise ValueError(f"scenario {scenario.name}: position {j} sits on a top-p/min-p boundary")
+                raise ValueError(f"scenario {scenario.name}: {where} {j} sits on a top-p/min-p boundary")
+
+
+def check_well_posed(scenario: Scenario) -> None:
+    """Raise ValueError if a kept set, or a relaxed verdict, changes when top_p, min_p or relaxed_delta
+    move by BOUNDARY_MARGIN: such a scenario would judge float32 rounding, not the verifier."""
+    check_kept_sets_stable(scenario)
     if scenario.relaxed is None or scenario.greedy:
         return
     topk, delta = scenario.relaxed

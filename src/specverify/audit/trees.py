@@ -21,7 +21,7 @@ import torch
 
 from .exact import GREEDY_TEMPERATURE, tree_node_law, truncated_distribution
 from .runner import Observation, batched_call
-from .scenarios import BOUNDARY_MARGIN, Laws, _draft_probs, _grammar_mask, _rng, _small_logits
+from .scenarios import Laws, _draft_probs, _grammar_mask, _rng, _small_logits, check_kept_sets_stable
 from .verifier import DEFAULT_TREE_VERIFIER, DEFAULT_VERIFIER, Verifier, load_verifier
 
 #: (parent, siblings) per sibling group, in index order: nodes 0-2 hang from the root, 3-4 from node 0,
@@ -124,11 +124,7 @@ def check_tree_well_posed(scenario: TreeScenario) -> None:
         for parent, siblings in scenario.groups:
             if np.count_nonzero(scenario.draft_law[parent + 1]) < siblings:
                 raise ValueError(f"scenario {scenario.name}: index {parent + 1} cannot draw {siblings} distinct siblings")
-    for factor in (1 - BOUNDARY_MARGIN, 1 + BOUNDARY_MARGIN):
-        moved = replace(scenario, top_p=min(1.0, scenario.top_p * factor), min_p=scenario.min_p * factor)
-        for x in range(scenario.positions + 1):
-            if not np.array_equal(scenario.target(x) > 0, moved.target(x) > 0):
-                raise ValueError(f"scenario {scenario.name}: index {x} sits on a top-p/min-p boundary")
+    check_kept_sets_stable(scenario, where="index")
 
 
 def tree_scenario(

@@ -99,8 +99,17 @@ def spread_shared_seed(seed: torch.Tensor, batch_size: int) -> torch.Tensor:
     return seed + rows * as_int64_bits(ROW_STRIDE)
 
 
+def seed_tensor(seed: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An int seed as int64 [] on the device (its uint64 bit pattern), made by a fill whose value is a kernel
+    argument: no host-to-device copy, so a call with an int seed can be captured in a CUDA graph (where the
+    value is then part of the graph: pass a tensor seed to change it between replays). A tensor is returned
+    as it is."""
+    if isinstance(seed, int):
+        return torch.full((), as_int64_bits(seed), dtype=torch.int64, device=device)
+    return seed
+
+
 def per_row_seeds(seed: int | torch.Tensor, shared: bool, rows: int, device: torch.device) -> torch.Tensor:
     """Each row's seed s_b as int64 [rows]: a shared seed (int or int64 []) is spread by row (SPEC §4)."""
-    if isinstance(seed, int):
-        seed = torch.tensor(as_int64_bits(seed), dtype=torch.int64, device=device)
+    seed = seed_tensor(seed, device)
     return spread_shared_seed(seed, rows) if shared else seed

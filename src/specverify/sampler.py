@@ -16,7 +16,7 @@ import torch
 from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, as_int64_bits, keyed_uniform, per_row_seeds, row_keys
+from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, row_keys, seed_tensor
 from .truncation import greedy_tokens, is_greedy, truncated_weights
 from .verdicts import (
     argmax_verdict, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict, whole_call_verdicts,
@@ -187,10 +187,8 @@ def stochastic_acceptance_sampler(
         if token_bitmasks is not None:
             checks.check_some_allowed("token_bitmasks", masked)
     if runs_whole_calls(logits):
-        if isinstance(seed, int):
-            seed = torch.tensor(as_int64_bits(seed), dtype=torch.int64, device=device)
         return whole_call_verdicts(
-            draft_tokens, logits, token_bitmasks, temperature, top_k, top_p, min_p, seed, shared_seed,
+            draft_tokens, logits, token_bitmasks, temperature, top_k, top_p, min_p, seed_tensor(seed, device), shared_seed,
             in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
         )
     if masked is None:

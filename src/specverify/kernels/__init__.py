@@ -59,7 +59,13 @@ def _triton_kernels(interpreted: bool) -> ModuleType | None:
     """The Triton kernels (triton/), imported on first use; None (with a one-time warning) where triton
     cannot be imported. interpreted: the caller needs Triton's interpreter (CPU tensors), which Triton
     only offers when TRITON_INTERPRET=1 is set before it is first imported: it is set here when triton is
-    not imported yet, and a RuntimeError says so when it was imported without it."""
+    not imported yet, and a RuntimeError says so when it was imported without it.
+    The setting stays for the whole process; it cannot be scoped to specverify's calls: triton binds its
+    own language functions to the interpreter when it is imported (setting the variable after that, or
+    unsetting it after our kernels are decorated, makes every interpreted launch fail with "Cannot call
+    @triton.jit'd outside of the scope of a kernel", triton 3.7), and the interpret knob it reads at each
+    launch is process-wide, not per thread. The interpreter is a testing mode (CPU tensors forced to
+    triton); a process that runs Triton on a GPU never sets it."""
     if interpreted and os.environ.get("TRITON_INTERPRET") != "1":
         if "triton" in sys.modules:
             raise RuntimeError(

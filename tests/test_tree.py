@@ -123,6 +123,16 @@ def test_argmax_mode_commits_what_sample_gives_with_seed_s_plus_n(code_path):
     assert length.max() >= 3  # deep paths were exercised
 
 
+def test_every_backend_walks_trees_as_the_spec_says(each_backend):
+    # the compiled kernels, the torch reference and Triton (interpreted here): argmax mode against the
+    # from-the-spec walk, validate=True and validate=False (which each backend runs its own way)
+    args = _random_tree_args(seed=16, batch=10, nodes=6)
+    paths, tokens = reference_argmax_walk(args)
+    for validate in (True, False):
+        path, length, token = sv.tree_acceptance_sampler(**args, validate=validate)
+        assert [p[: int(n)] for p, n in zip(path.tolist(), length)] == paths and token.tolist() == tokens
+
+
 def test_the_output_does_not_depend_on_the_batch():
     args = _random_tree_args(seed=6, batch=12)
     whole = sv.tree_acceptance_sampler(**args)

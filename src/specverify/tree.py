@@ -146,8 +146,8 @@ class _Walk:
     """One call's checked inputs and the walk over them.
 
     draft: int64 [B, N], -1 where no node; parents: int64 [B, N]; logits: [B, N+1, V] (kept as
-    [B*(N+1), V]); token_bitmasks: int32 [B, N+1, W] or None; temperature, top_k, top_p, min_p: [B]; seeds: int64 [B] (s_b);
-    draft_probs: float [B, N, V] or None (argmax mode); without_replacement: the sibling scheme.
+    [B*(N+1), V]); token_bitmasks: int32 [B, N+1, W] or None; temperature, top_k, top_p, min_p: [B];
+    seeds: int64 [B] (s_b); draft_probs: float [B, N, V] or None (argmax mode); without_replacement: the sibling scheme.
     """
 
     def __init__(self, draft, parents, logits, token_bitmasks, temperature, top_k, top_p, min_p, seeds,
@@ -206,8 +206,7 @@ class _Walk:
         current = torch.arange(-1, nodes, device=device).repeat(batch)
         root = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         depth = torch.cat([root, _node_depths(self.parents) + 1], dim=1)
-        source = torch.arange(batch * (nodes + 1), device=device)
-        child, token = self._step(rows, current, depth.reshape(-1), False, source)
+        child, token = self._step(rows, current, depth.reshape(-1), False, None)
         return child.view(batch, nodes + 1), token.view(batch, nodes + 1)
 
     def _children(self, rows: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -218,21 +217,24 @@ class _Walk:
         return present & (parents == current[:, None]) & (nodes > current[:, None])
 
     def _step(
-        self, rows: torch.Tensor, current: torch.Tensor, depth: int | torch.Tensor, validate: bool, source: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, rows: torch.Tensor, current: torch.Tensor, depth: int | torch.Tensor, validate: bool,
+        source: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Judge the children of each row's current node. rows: int64 [R]; current: int64 [R] (-1: root);
         depth: the walk's depth there (int, or int64 [R]); source: int64 [R], the row of the [B*(N+1), V]
         logits that scores those children (b * (N+1) + current + 1), -1 for a row that has stopped (not
-        truncated where the backend skips rows; its results are ignored).
+        truncated where the backend skips rows; its results are ignored); None: logits row r (R = B*(N+1)).
 
         Returns (child int64 [R]: the node descended into, -1 to stop; token int64 [R]: the token committed
         when stopping)."""
         logits = self.logits
         if self.token_bitmasks is not None:  # a masked copy of the rows in use
-            taken = source.clamp(min=0)
-            masks = self.token_bitmasks.reshape(-1, self.token_bitmasks.shape[-1])[taken]
-            logits = apply_bitmask(logits[taken], masks)  # (index_select copies rows of this size far more slowly)
-            source = torch.where(source >= 0, torch.arange(source.shape[0], device=source.device), -1)
+            masks = self.token_bitmasks.reshape(-1, self.token_bitmasks.shape[-1])
+            if source is not None:  # (indexing copies rows of this size far faster than index_select)
+                taken = source.clamp(min=0)
+                logits, masks = logits[taken], masks[taken]
+                source = torch.where(source >= 0, torch.arange(source.shape[0], device=source.device), -1)
+            logits = apply_bitmask(logits, masks)
         pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
         weights, sums = truncated_weights(
             logits, pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p), source=source

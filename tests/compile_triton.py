@@ -51,6 +51,8 @@ def variants():
             yield f"weigh {dtype} {label} min_p={min_p}", jit.weigh_kernel, signature, constexprs
         signature = {"x_ptr": FLOATS[dtype], "out_ptr": "*i64", "rows": "i32", "V": "i32"}
         yield f"argmax {dtype} {label}", jit.argmax_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
+        signature = {"x_ptr": FLOATS[dtype], "use_ptr": "*i8", "out_ptr": "*u8", "rows": "i32", "V": "i32"}
+        yield f"scan {dtype} {label}", jit.scan_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
         signature = {"x_ptr": FLOATS[dtype], "d_ptr": "*i64", "accepted_ptr": "*i8", "top1_ptr": "*i64", "rows": "i32",
                      "V": "i32", "positions": "i32", "logit_positions": "i32", "k": "i32", "delta": "fp32"}
         yield f"relaxed {dtype} {label}", jit.relaxed_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
@@ -77,7 +79,8 @@ def variants():
 #: Each kernel once, at the launch shape of a large vocabulary, with every code path of the whole-call
 #: kernel switched on (masks, min-p, sampled drafts; relaxed rows).
 REPRESENTATIVE = (
-    "weigh fp32 V=128256 min_p=True", "argmax bf16 V=128256", "relaxed fp32 V=128256", "draw bf16 V=128256 recovery=True",
+    "weigh fp32 V=128256 min_p=True", "argmax bf16 V=128256", "scan bf16 V=128256", "relaxed fp32 V=128256",
+    "draw bf16 V=128256 recovery=True",
     "verify bf16 V=128256 mask=True min_p=True shared=False relaxed=False sampled=True",
     "verify fp32 V=128256 mask=True min_p=True shared=True relaxed=True sampled=False",
 )

@@ -51,7 +51,7 @@ def test_every_kernel_compiles_for_sm90_and_sm80(tmp_path):
     switched on, compiled to a cubin for Hopper and Ampere (code the interpreter runs but the compiler
     rejects fails here)."""
     output = _compile(["90", "80"], "--representative", tmp_path=tmp_path)
-    for kernel in ("weigh", "argmax", "relaxed", "draw", "verify"):
+    for kernel in ("weigh", "argmax", "scan", "relaxed", "draw", "verify"):
         for capability in ("90", "80"):
             assert any(line.startswith(f"compiled {kernel} ") and line.endswith(f"sm_{capability}") for line in output.splitlines()), kernel
 

@@ -105,11 +105,13 @@ def tree_acceptance_sampler(
     )
 
     draft, parents = draft_tokens.to(torch.int64), parents.to(torch.int64)
+    masked = None
     if validate:
-        _check_values(draft, parents, logits, temperature, top_k, top_p, min_p, token_bitmasks, draft_probs)
+        masked = _check_values(draft, parents, logits, temperature, top_k, top_p, min_p, token_bitmasks, draft_probs)
     draft = torch.where((draft >= 0) & (draft < vocab), draft, -1)
-    walk = _Walk(
-        draft, parents, logits, token_bitmasks, temperature, top_k, top_p, min_p,
+    walk = _Walk(  # the checks' masked copy, when they made one, is walked as it is
+        draft, parents, logits if masked is None else masked, token_bitmasks if masked is None else None,
+        temperature, top_k, top_p, min_p,
         per_row_seeds(seed, shared_seed, batch, device), draft_probs, sibling_draws == "without_replacement",
     )  # fmt: skip
     return walk.run(validate)
@@ -125,9 +127,10 @@ def _check_values(
     min_p: torch.Tensor | None,
     token_bitmasks: torch.Tensor | None,
     draft_probs: torch.Tensor | None,
-) -> None:
+) -> torch.Tensor | None:
     """The value rules of SPEC §6/§8 (host reads). Logits, masks and q are checked only where in use:
-    index 0 and index i+1 of every present node i."""
+    index 0 and index i+1 of every present node i. Returns the masked logits [B, N+1, V] where
+    token_bitmasks are given (made to check them), else None."""
     checks.check_draft_ids(draft, logits.shape[-1], second="node")
     present = draft >= 0
     checks.check_tree_parents(parents, present)
@@ -140,14 +143,16 @@ def _check_values(
     if draft_probs is not None:
         checks.check_draft_probs(draft_probs, name="draft_probs", in_use=present, second="node")
         checks.check_sibling_draft_probs(draft_probs, parents, present)
+    return masked if token_bitmasks is not None else None
 
 
 class _Walk:
     """One call's checked inputs and the walk over them.
 
     draft: int64 [B, N], -1 where no node; parents: int64 [B, N]; logits: [B, N+1, V] (kept as
-    [B*(N+1), V]); token_bitmasks: int32 [B, N+1, W] or None; temperature, top_k, top_p, min_p: [B];
-    seeds: int64 [B] (s_b); draft_probs: float [B, N, V] or None (argmax mode); without_replacement: the sibling scheme.
+    [B*(N+1), V]); token_bitmasks: int32 [B, N+1, W] or None (None also when the logits come masked);
+    temperature, top_k, top_p, min_p: [B]; seeds: int64 [B] (s_b); draft_probs: float [B, N, V] or None
+    (argmax mode); without_replacement: the sibling scheme.
     """
 
     def __init__(self, draft, parents, logits, token_bitmasks, temperature, top_k, top_p, min_p, seeds,

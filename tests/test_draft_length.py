@@ -5,6 +5,7 @@ picks the K that its acceptance and cost model says is fastest, 0 included."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -136,3 +137,66 @@ def test_fixed_policy_and_names():
     assert FixedDraftLength(3).choose([5, 1, 0]) == [3, 1, 0]
     with pytest.raises(ValueError, match="max_k must be an int >= 1"):
         AdaptiveDraftLength(max_k=0)
+
+
+class CountingModel:
+    """A LanguageModel wrapper that counts the forward passes of its sessions (and may have a cache folder)."""
+
+    def __init__(self, model, cache_folder):
+        self.model, self.cache_folder, self.vocab_size, self.passes = model, cache_folder, model.vocab_size, 0
+
+    def session(self, batch_size):
+        inner, outer = self.model.session(batch_size), self
+
+        class Counted:
+            @property
+            def lengths(self):
+                return inner.lengths
+
+            def extend(self, tokens, **kwargs):
+                outer.passes += 1
+                return inner.extend(tokens, **kwargs)
+
+            def truncate(self, lengths):
+                inner.truncate(lengths)
+
+        return Counted()
+
+
+def _begin(model, max_k=3):
+    session = model.session(2)
+    session.extend(torch.tensor([[1, 2, 3], [4, 5, 6]]), return_logits=False)
+    passes = model.passes
+    policy = AdaptiveDraftLength(max_k=max_k)
+    policy.begin(model, session, torch.tensor([[3], [5]]))
+    return policy.costs, model.passes - passes
+
+
+def test_calibration_is_stored_in_the_model_cache_folder_and_read_back(target, tmp_path):  # noqa: F811
+    costs, passes = _begin(CountingModel(target, tmp_path))
+    assert passes == 5  # one untimed pass at the widest width, then widths 1..4
+    files = list(tmp_path.glob("draft-costs-*.json"))
+    assert len(files) == 1 and f"threads{torch.get_num_threads()}" in files[0].name and "batch2-widths4" in files[0].name
+    again, passes = _begin(CountingModel(target, tmp_path))  # another process's model object: no pass at all
+    assert passes == 0 and again == costs
+    _, passes = _begin(CountingModel(target, tmp_path), max_k=2)  # other widths: another file
+    assert passes == 4 and len(list(tmp_path.glob("draft-costs-*.json"))) == 2
+
+
+@pytest.mark.parametrize("content", ["not json", "[1.0, 2.0]", '[1.0, 2.0, -3.0, 4.0]', '{"a": 1}', "[1, 2, true, 4]"])
+def test_a_damaged_calibration_file_is_measured_again(target, tmp_path, content):  # noqa: F811
+    _, passes = _begin(CountingModel(target, tmp_path))
+    (path,) = tmp_path.glob("draft-costs-*.json")
+    path.write_text(content)
+    costs, passes = _begin(CountingModel(target, tmp_path))
+    assert passes == 5 and len(costs) == 4 and all(c > 0 for c in costs)
+    assert json.loads(path.read_text()) == costs  # and stored again
+
+
+def test_without_a_cache_folder_calibration_is_per_process(target, tmp_path):  # noqa: F811
+    _, passes = _begin(CountingModel(target, None))
+    assert passes == 5
+    not_a_folder = tmp_path / "a-file"  # (root ignores a read-only mode, so a file stands for what cannot be written)
+    not_a_folder.write_text("")
+    _, passes = _begin(CountingModel(target, not_a_folder))  # cannot store: measures, and says nothing
+    assert passes == 5 and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

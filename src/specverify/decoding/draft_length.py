@@ -8,7 +8,8 @@ Adaptive choice. A step with T tokens per row costs the target one forward pass 
 a CPU that cost is far from linear in T (SmolLM2-135M, 1 thread: 52 ms at T = 1, 59 at 3, 84 at 4,
 151 at 13, 116 at 17: matmul blocking). So before the first timed step the policy times the target's
 forward pass on the real session at every width T = 1..max_k+1 (once per model and batch size and
-process; `calibrate`), and afterwards keeps each width's cost up to date with the step times it sees.
+process, and across processes in the model's cache folder: `cost_cache`; `calibrate`), and afterwards
+keeps each width's cost up to date with the step times it sees.
 Each row keeps its running acceptance alpha_b: discounted counts of accepted and rejected draft
 positions (a draft of k tokens with f accepted counts f successes and, when f < k, one failure), starting
 from one of each (alpha = 0.5). With acceptance alpha, a draft of k tokens commits
@@ -27,14 +28,19 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from .cost_cache import cost_file, read_costs, write_costs
 from .model import LanguageModel, Session
 
-#: Default largest draft length of the adaptive policy.
-MAX_K = 16
+#: Default largest draft length of the adaptive policy. On a CPU a wide pass costs far less per token
+#: than a narrow one (SmolLM2-135M, 1 thread: 53 ms at width 1, 117 at 17, 140 at 33), so where drafts
+#: keep passing a long one pays: the built-in copy example, greedy, took 6 target steps with 16 and 5
+#: with 32 (5.3x and 6.6x plain decoding, decode time).
+MAX_K = 32
 #: Per step, how much of its weight an acceptance count keeps (older steps count less).
 DECAY = 0.8
 #: Draft positions with acceptance rates of their own; later positions share the last one's.
@@ -130,6 +136,20 @@ def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> li
     return [timed(w) for w in range(1, max_width + 1)]
 
 
+def stored_calibration(target: LanguageModel, session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:
+    """`calibrate`'s costs, read from the target's cache folder when an earlier process measured them
+    (`cost_cache`), else measured and stored there. A target without a `cache_folder` is measured."""
+    folder = getattr(target, "cache_folder", None)
+    if folder is None:
+        return calibrate(session, last_tokens, max_width)
+    path = cost_file(Path(folder), session.lengths.device, last_tokens.shape[0], max_width)
+    costs = read_costs(path, max_width)
+    if costs is None:
+        costs = calibrate(session, last_tokens, max_width)
+        write_costs(path, costs)
+    return costs
+
+
 class AdaptiveDraftLength:
     """K chosen every step from each row's running acceptance and the measured cost of each width (see
     the module docstring). max_k: the longest draft; decay: weight an acceptance count keeps per step."""
@@ -153,7 +173,7 @@ class AdaptiveDraftLength:
         per_model = _costs.setdefault(target, {})
         key = (batch, self.max_k)
         if key not in per_model:
-            per_model[key] = calibrate(session, last_tokens, self.max_k + 1)
+            per_model[key] = stored_calibration(target, session, last_tokens, self.max_k + 1)
         self.costs = per_model[key]  # shared: what one generation learns, the next starts from
         self.successes = torch.zeros(batch, POSITIONS, dtype=torch.float64)
         self.failures = torch.zeros(batch, POSITIONS, dtype=torch.float64)

@@ -77,7 +77,24 @@ def _policy(costs, max_k):
     policy.costs = list(costs)
     policy.successes = torch.zeros(1, POSITIONS, dtype=torch.float64)
     policy.failures = torch.zeros(1, POSITIONS, dtype=torch.float64)
+    policy.first_weight = torch.ones(1, dtype=torch.float64)
     return policy
+
+
+def test_auto_stops_drafting_when_drafts_always_fail_even_if_one_more_token_is_almost_free():
+    """SmolLM2 on one thread: a 2-wide pass costs ~3% more than a 1-wide one. Drafts that never pass
+    (chat at T = 0.7) must end in plain steps, probes included, not one failing draft token a step."""
+    costs = [0.0527, 0.0544, 0.0585, 0.0842]
+    policy = _policy(costs, 3)
+    chosen = []
+    for _ in range(20):
+        (k,) = policy.choose([100])
+        chosen.append(k)
+        policy.observe([k], [0], [False if k == 0 else None], k + 1, costs[k], costs[k] + 0.001)
+    assert chosen[0] > 0 and chosen[-10:] == [0] * 10
+    policy.observe([0], [0], [True], 1, costs[0], costs[0])  # a probe passes: drafting is tried again
+    policy.observe([0], [0], [True], 1, costs[0], costs[0])
+    assert policy.choose([100]) != [0]
 
 
 def test_auto_drafts_nothing_when_drafts_fail_and_everything_when_they_pass():

@@ -92,6 +92,21 @@ def test_auto_stops_drafting_when_drafts_always_fail_even_if_one_more_token_is_a
         chosen.append(k)
         policy.observe([k], [0], [False if k == 0 else None], k + 1, costs[k], costs[k] + 0.001)
     assert chosen[0] > 0 and chosen[-10:] == [0] * 10
+
+
+def test_a_noisy_step_time_scales_every_width_and_does_not_reshape_the_curve():
+    """On a loaded machine a 2-wide step may be timed below a 1-wide one; failing drafts must still end
+    in plain steps, while a slower machine shows in every width's cost."""
+    costs = [0.0527, 0.0544, 0.0585, 0.0842]
+    policy = _policy(costs, 3)
+    chosen = []
+    for step in range(30):
+        (k,) = policy.choose([100])
+        chosen.append(k)
+        noisy = costs[k] * (0.9 if k == 1 else 1.3)  # width 2 happens to look cheaper than width 1
+        policy.observe([k], [0], [False if k == 0 else None], k + 1, noisy, noisy)
+    assert chosen[-10:] == [0] * 10
+    assert policy.costs == costs and policy.load == pytest.approx(1.3, rel=0.01)
     policy.observe([0], [0], [True], 1, costs[0], costs[0])  # a probe passes: drafting is tried again
     policy.observe([0], [0], [True], 1, costs[0], costs[0])
     assert policy.choose([100]) != [0]

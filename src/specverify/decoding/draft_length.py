@@ -9,7 +9,9 @@ a CPU that cost is far from linear in T (SmolLM2-135M, 1 thread: 52 ms at T = 1,
 151 at 13, 116 at 17: matmul blocking). So before the first timed step the policy times the target's
 forward pass on the real session at every width T = 1..max_k+1 (once per model and batch size and
 process, and across processes in the model's cache folder: `cost_cache`; `calibrate`), and afterwards
-keeps each width's cost up to date with the step times it sees.
+scales that curve by a running load factor (measured step time / calibrated time of its width): the
+machine's load slows every width alike, while a single noisy step time must not reshape the curve (a
+width-2 step measured below width 1's made the policy draft failing tokens on a loaded machine).
 Each row keeps its running acceptance alpha_b: discounted counts of accepted and rejected draft
 positions (a draft of k tokens with f accepted counts f successes and, when f < k, one failure), starting
 from one of each (alpha = 0.5), a prior that fades as observations come in. With acceptance alpha, a draft of k tokens commits
@@ -53,7 +55,7 @@ POSITIONS = 4
 PRIOR = 1.0
 #: The prior acceptance rate of draft position 0, before a row has been observed.
 FIRST_PRIOR = 0.5
-#: Weight of a new step time in a width's running cost.
+#: Weight of a new step's load (its time over its width's calibrated time) in the running load factor.
 COST_RATE = 0.3
 
 _costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -168,6 +170,7 @@ class AdaptiveDraftLength:
         self.max_k, self.decay = max_k, decay
         self.costs: list[float] = []
         self.overhead = 0.0
+        self.load = 1.0  # the running ratio of measured to calibrated forward time
         self.successes = self.failures = torch.zeros(0, POSITIONS, dtype=torch.float64)
         self.first_weight = torch.zeros(0, dtype=torch.float64)  # [B]: position 0's prior weight
 
@@ -179,7 +182,7 @@ class AdaptiveDraftLength:
         key = (batch, self.max_k)
         if key not in per_model:
             per_model[key] = stored_calibration(target, session, last_tokens, self.max_k + 1)
-        self.costs = per_model[key]  # shared: what one generation learns, the next starts from
+        self.costs = per_model[key]  # the calibrated curve, read only
         self.successes = torch.zeros(batch, POSITIONS, dtype=torch.float64)
         self.failures = torch.zeros(batch, POSITIONS, dtype=torch.float64)
         self.first_weight = torch.full((batch,), PRIOR, dtype=torch.float64)
@@ -204,7 +207,7 @@ class AdaptiveDraftLength:
             return [0] * len(budget)
         k = torch.minimum(torch.arange(self.max_k + 1), budget[:, None])  # [B, max_k + 1]
         tokens = (expected_tokens(self.acceptance, k) * (budget > 0).double()[:, None]).sum(0)
-        seconds = torch.tensor(self.costs, dtype=torch.float64) + self.overhead
+        seconds = torch.tensor(self.costs, dtype=torch.float64) * self.load + self.overhead
         best = int((tokens / seconds).argmax())
         return torch.minimum(budget, torch.tensor(best)).tolist()
 
@@ -225,7 +228,7 @@ class AdaptiveDraftLength:
         self.failures = self.decay * self.failures + failed
         self.first_weight = torch.where(drafted_ > 0, self.decay * self.first_weight, self.first_weight)
         if 1 <= width <= len(self.costs):
-            self.costs[width - 1] += COST_RATE * (forward_seconds - self.costs[width - 1])
+            self.load += COST_RATE * (forward_seconds / self.costs[width - 1] - self.load)
         self.overhead += COST_RATE * (max(step_seconds - forward_seconds, 0.0) - self.overhead)
 
 

@@ -81,35 +81,39 @@ def _policy(costs, max_k):
     return policy
 
 
-def test_auto_stops_drafting_when_drafts_always_fail_even_if_one_more_token_is_almost_free():
-    """SmolLM2 on one thread: a 2-wide pass costs ~3% more than a 1-wide one. Drafts that never pass
-    (chat at T = 0.7) must end in plain steps, probes included, not one failing draft token a step."""
-    costs = [0.0527, 0.0544, 0.0585, 0.0842]
-    policy = _policy(costs, 3)
+#: SmolLM2 on one thread, widths 1 to 4: a 2-wide pass costs ~3% more than a 1-wide one.
+NEAR_FLAT_COSTS = [0.0527, 0.0544, 0.0585, 0.0842]
+
+
+def _fail_every_draft(policy, steps: int, step_time) -> list[int]:
+    """Run the policy for `steps` steps in which every draft token and probe fails; step_time(k) is the
+    measured time of a step with k draft tokens. Returns the k chosen at each step."""
     chosen = []
-    for _ in range(20):
+    for _ in range(steps):
         (k,) = policy.choose([100])
         chosen.append(k)
-        policy.observe([k], [0], [False if k == 0 else None], k + 1, costs[k], costs[k] + 0.001)
+        policy.observe([k], [0], [False if k == 0 else None], k + 1, step_time(k), step_time(k))
+    return chosen
+
+
+def test_auto_stops_drafting_when_drafts_always_fail_even_if_one_more_token_is_almost_free():
+    """Drafts that never pass (chat at T = 0.7) must end in plain steps, probes included, not one failing
+    draft token a step; a probe that passes brings drafting back."""
+    policy = _policy(NEAR_FLAT_COSTS, 3)
+    chosen = _fail_every_draft(policy, 20, NEAR_FLAT_COSTS.__getitem__)
     assert chosen[0] > 0 and chosen[-10:] == [0] * 10
+    for _ in range(2):
+        policy.observe([0], [0], [True], 1, NEAR_FLAT_COSTS[0], NEAR_FLAT_COSTS[0])
+    assert policy.choose([100]) != [0]
 
 
 def test_a_noisy_step_time_scales_every_width_and_does_not_reshape_the_curve():
     """On a loaded machine a 2-wide step may be timed below a 1-wide one; failing drafts must still end
     in plain steps, while a slower machine shows in every width's cost."""
-    costs = [0.0527, 0.0544, 0.0585, 0.0842]
-    policy = _policy(costs, 3)
-    chosen = []
-    for step in range(30):
-        (k,) = policy.choose([100])
-        chosen.append(k)
-        noisy = costs[k] * (0.9 if k == 1 else 1.3)  # width 2 happens to look cheaper than width 1
-        policy.observe([k], [0], [False if k == 0 else None], k + 1, noisy, noisy)
+    policy = _policy(NEAR_FLAT_COSTS, 3)
+    chosen = _fail_every_draft(policy, 30, lambda k: NEAR_FLAT_COSTS[k] * (0.9 if k == 1 else 1.3))
     assert chosen[-10:] == [0] * 10
-    assert policy.costs == costs and policy.load == pytest.approx(1.3, rel=0.01)
-    policy.observe([0], [0], [True], 1, costs[0], costs[0])  # a probe passes: drafting is tried again
-    policy.observe([0], [0], [True], 1, costs[0], costs[0])
-    assert policy.choose([100]) != [0]
+    assert policy.costs == NEAR_FLAT_COSTS and policy.load == pytest.approx(1.3, rel=0.01)
 
 
 def test_auto_drafts_nothing_when_drafts_fail_and_everything_when_they_pass():

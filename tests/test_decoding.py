@@ -302,6 +302,28 @@ def test_lookup_prefers_the_longest_then_the_latest_suffix():
     assert lookup_continuation(torch.tensor([7, 7, 7]), 4, 3, 1).tolist() == [7]
 
 
+def reference_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Prompt lookup by its definition: for n = max_ngram down to min_ngram, the latest earlier
+    occurrence of the last n tokens that is followed by a token; what follows it, k tokens at most."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == context[-n:]:
+                return context[start + n : start + n + k]
+    return []
+
+
+def test_lookup_matches_its_definition_on_random_contexts():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        length = int(torch.randint(1, 40, (), generator=generator))
+        vocab = int(torch.randint(2, 6, (), generator=generator))
+        context = torch.randint(0, vocab, (length,), generator=generator)
+        max_ngram = int(torch.randint(1, 10, (), generator=generator))
+        min_ngram = int(torch.randint(1, max_ngram + 1, (), generator=generator))
+        got = lookup_continuation(context, 5, max_ngram, min_ngram).tolist()
+        assert got == reference_lookup(context.tolist(), 5, max_ngram, min_ngram), (trial, context.tolist())
+
+
 def test_ngram_drafter_pads_ragged_proposals():
     draft = NgramDrafter().propose([[1, 2, 1, 2], [3, 4], [5, 6, 7, 5]], 3, params=None, seeds=None, sampled=False)
     assert draft.tokens.tolist() == [[1, 2, -1], [-1, -1, -1], [6, 7, 5]]

@@ -5,6 +5,7 @@ picks the K that its acceptance and cost model says is fastest, 0 included."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -76,7 +77,43 @@ def _policy(costs, max_k):
     policy.costs = list(costs)
     policy.successes = torch.zeros(1, POSITIONS, dtype=torch.float64)
     policy.failures = torch.zeros(1, POSITIONS, dtype=torch.float64)
+    policy.first_weight = torch.ones(1, dtype=torch.float64)
     return policy
+
+
+#: SmolLM2 on one thread, widths 1 to 4: a 2-wide pass costs ~3% more than a 1-wide one.
+NEAR_FLAT_COSTS = [0.0527, 0.0544, 0.0585, 0.0842]
+
+
+def _fail_every_draft(policy, steps: int, step_time) -> list[int]:
+    """Run the policy for `steps` steps in which every draft token and probe fails; step_time(k) is the
+    measured time of a step with k draft tokens. Returns the k chosen at each step."""
+    chosen = []
+    for _ in range(steps):
+        (k,) = policy.choose([100])
+        chosen.append(k)
+        policy.observe([k], [0], [False if k == 0 else None], k + 1, step_time(k), step_time(k))
+    return chosen
+
+
+def test_auto_stops_drafting_when_drafts_always_fail_even_if_one_more_token_is_almost_free():
+    """Drafts that never pass (chat at T = 0.7) must end in plain steps, probes included, not one failing
+    draft token a step; a probe that passes brings drafting back."""
+    policy = _policy(NEAR_FLAT_COSTS, 3)
+    chosen = _fail_every_draft(policy, 20, NEAR_FLAT_COSTS.__getitem__)
+    assert chosen[0] > 0 and chosen[-10:] == [0] * 10
+    for _ in range(2):
+        policy.observe([0], [0], [True], 1, NEAR_FLAT_COSTS[0], NEAR_FLAT_COSTS[0])
+    assert policy.choose([100]) != [0]
+
+
+def test_a_noisy_step_time_scales_every_width_and_does_not_reshape_the_curve():
+    """On a loaded machine a 2-wide step may be timed below a 1-wide one; failing drafts must still end
+    in plain steps, while a slower machine shows in every width's cost."""
+    policy = _policy(NEAR_FLAT_COSTS, 3)
+    chosen = _fail_every_draft(policy, 30, lambda k: NEAR_FLAT_COSTS[k] * (0.9 if k == 1 else 1.3))
+    assert chosen[-10:] == [0] * 10
+    assert policy.costs == NEAR_FLAT_COSTS and policy.load == pytest.approx(1.3, rel=0.01)
 
 
 def test_auto_drafts_nothing_when_drafts_fail_and_everything_when_they_pass():
@@ -136,3 +173,66 @@ def test_fixed_policy_and_names():
     assert FixedDraftLength(3).choose([5, 1, 0]) == [3, 1, 0]
     with pytest.raises(ValueError, match="max_k must be an int >= 1"):
         AdaptiveDraftLength(max_k=0)
+
+
+class CountingModel:
+    """A LanguageModel wrapper that counts the forward passes of its sessions (and may have a cache folder)."""
+
+    def __init__(self, model, cache_folder):
+        self.model, self.cache_folder, self.vocab_size, self.passes = model, cache_folder, model.vocab_size, 0
+
+    def session(self, batch_size):
+        inner, outer = self.model.session(batch_size), self
+
+        class Counted:
+            @property
+            def lengths(self):
+                return inner.lengths
+
+            def extend(self, tokens, **kwargs):
+                outer.passes += 1
+                return inner.extend(tokens, **kwargs)
+
+            def truncate(self, lengths):
+                inner.truncate(lengths)
+
+        return Counted()
+
+
+def _begin(model, max_k=3):
+    session = model.session(2)
+    session.extend(torch.tensor([[1, 2, 3], [4, 5, 6]]), return_logits=False)
+    passes = model.passes
+    policy = AdaptiveDraftLength(max_k=max_k)
+    policy.begin(model, session, torch.tensor([[3], [5]]))
+    return policy.costs, model.passes - passes
+
+
+def test_calibration_is_stored_in_the_model_cache_folder_and_read_back(target, tmp_path):  # noqa: F811
+    costs, passes = _begin(CountingModel(target, tmp_path))
+    assert passes == 5  # one untimed pass at the widest width, then widths 1..4
+    files = list(tmp_path.glob("draft-costs-*.json"))
+    assert len(files) == 1 and f"threads{torch.get_num_threads()}" in files[0].name and "batch2-widths4" in files[0].name
+    again, passes = _begin(CountingModel(target, tmp_path))  # another process's model object: no pass at all
+    assert passes == 0 and again == costs
+    _, passes = _begin(CountingModel(target, tmp_path), max_k=2)  # other widths: another file
+    assert passes == 4 and len(list(tmp_path.glob("draft-costs-*.json"))) == 2
+
+
+@pytest.mark.parametrize("content", ["not json", "[1.0, 2.0]", '[1.0, 2.0, -3.0, 4.0]', '{"a": 1}', "[1, 2, true, 4]"])
+def test_a_damaged_calibration_file_is_measured_again(target, tmp_path, content):  # noqa: F811
+    _, passes = _begin(CountingModel(target, tmp_path))
+    (path,) = tmp_path.glob("draft-costs-*.json")
+    path.write_text(content)
+    costs, passes = _begin(CountingModel(target, tmp_path))
+    assert passes == 5 and len(costs) == 4 and all(c > 0 for c in costs)
+    assert json.loads(path.read_text()) == costs  # and stored again
+
+
+def test_without_a_cache_folder_calibration_is_per_process(target, tmp_path):  # noqa: F811
+    _, passes = _begin(CountingModel(target, None))
+    assert passes == 5
+    not_a_folder = tmp_path / "a-file"  # (root ignores a read-only mode, so a file stands for what cannot be written)
+    not_a_folder.write_text("")
+    _, passes = _begin(CountingModel(target, not_a_folder))  # cannot store: measures, and says nothing
+    assert passes == 5 and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

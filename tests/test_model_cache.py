@@ -171,3 +171,5 @@ def test_smollm2_is_converted_once_and_found_again_after_a_reinstall(cache, tmp_
     assert second.source.endswith("(cached)")
     entries = list(cache.iterdir())
     assert len(entries) == 1 and model_cache.is_complete(entries[0])
+    assert first.model.cache_folder == second.model.cache_folder == entries[0]  # where its calibration is kept
+    assert loading.load_gguf(reinstalled, use_cache=False).model.cache_folder is None

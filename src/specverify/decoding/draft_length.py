@@ -8,10 +8,13 @@ Adaptive choice. A step with T tokens per row costs the target one forward pass 
 a CPU that cost is far from linear in T (SmolLM2-135M, 1 thread: 52 ms at T = 1, 59 at 3, 84 at 4,
 151 at 13, 116 at 17: matmul blocking). So before the first timed step the policy times the target's
 forward pass on the real session at every width T = 1..max_k+1 (once per model and batch size and
-process; `calibrate`), and afterwards keeps each width's cost up to date with the step times it sees.
+process, and across processes in the model's cache folder: `cost_cache`; `calibrate`), and afterwards
+scales that curve by a running load factor (measured step time / calibrated time of its width): the
+machine's load slows every width alike, while a single noisy step time must not reshape the curve (a
+width-2 step measured below width 1's made the policy draft failing tokens on a loaded machine).
 Each row keeps its running acceptance alpha_b: discounted counts of accepted and rejected draft
 positions (a draft of k tokens with f accepted counts f successes and, when f < k, one failure), starting
-from one of each (alpha = 0.5). With acceptance alpha, a draft of k tokens commits
+from one of each (alpha = 0.5), a prior that fades as observations come in. With acceptance alpha, a draft of k tokens commits
 E(k) = 1 + alpha + ... + alpha**k tokens on average. The rows of a batch share the step's width (the
 target computes every row at the longest draft), so the policy picks the k in 0..max_k that maximises
 sum_b E_b(min(k, budget_b)) / (cost(k + 1) + overhead), the batch's expected tokens per second, and every
@@ -27,23 +30,32 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from .cost_cache import cost_file, read_costs, write_costs
 from .model import LanguageModel, Session
 
-#: Default largest draft length of the adaptive policy.
-MAX_K = 16
+#: Default largest draft length of the adaptive policy. On a CPU a wide pass costs far less per token
+#: than a narrow one (SmolLM2-135M, 1 thread: 53 ms at width 1, 117 at 17, 140 at 33), so where drafts
+#: keep passing a long one pays: the built-in copy example, greedy, took 6 target steps with 16 and 5
+#: with 32 (5.3x and 6.6x plain decoding, decode time).
+MAX_K = 32
 #: Per step, how much of its weight an acceptance count keeps (older steps count less).
 DECAY = 0.8
 #: Draft positions with acceptance rates of their own; later positions share the last one's.
 POSITIONS = 4
 #: Weight (in observations) of a position's prior: 0.5 for the first, the previous one's rate after.
+#: Position 0's prior fades like an observation (x decay per step the row is observed), so a row whose
+#: drafts always fail reaches rate 0 and plain steps: a prior that kept its weight left a floor of
+#: 0.5 / (1 + 1 / (1 - decay)) = 0.083, and a 2-wide pass costs only ~3% more than a 1-wide one, so the
+#: policy kept drafting one failing token a step (chat at T = 0.7: 0.94-0.95x plain).
 PRIOR = 1.0
 #: The prior acceptance rate of draft position 0, before a row has been observed.
 FIRST_PRIOR = 0.5
-#: Weight of a new step time in a width's running cost.
+#: Weight of a new step's load (its time over its width's calibrated time) in the running load factor.
 COST_RATE = 0.3
 
 _costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -130,6 +142,20 @@ def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> li
     return [timed(w) for w in range(1, max_width + 1)]
 
 
+def stored_calibration(target: LanguageModel, session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:
+    """`calibrate`'s costs, read from the target's cache folder when an earlier process measured them
+    (`cost_cache`), else measured and stored there. A target without a `cache_folder` is measured."""
+    folder = getattr(target, "cache_folder", None)
+    if folder is None:
+        return calibrate(session, last_tokens, max_width)
+    path = cost_file(Path(folder), session.lengths.device, last_tokens.shape[0], max_width)
+    costs = read_costs(path, max_width)
+    if costs is None:
+        costs = calibrate(session, last_tokens, max_width)
+        write_costs(path, costs)
+    return costs
+
+
 class AdaptiveDraftLength:
     """K chosen every step from each row's running acceptance and the measured cost of each width (see
     the module docstring). max_k: the longest draft; decay: weight an acceptance count keeps per step."""
@@ -144,7 +170,9 @@ class AdaptiveDraftLength:
         self.max_k, self.decay = max_k, decay
         self.costs: list[float] = []
         self.overhead = 0.0
+        self.load = 1.0  # the running ratio of measured to calibrated forward time
         self.successes = self.failures = torch.zeros(0, POSITIONS, dtype=torch.float64)
+        self.first_weight = torch.zeros(0, dtype=torch.float64)  # [B]: position 0's prior weight
 
     def begin(self, target: LanguageModel, session: Session, last_tokens: torch.Tensor) -> float:
         """Calibrate the widths' costs (once per target, batch size and max_k in this process)."""
@@ -153,10 +181,11 @@ class AdaptiveDraftLength:
         per_model = _costs.setdefault(target, {})
         key = (batch, self.max_k)
         if key not in per_model:
-            per_model[key] = calibrate(session, last_tokens, self.max_k + 1)
-        self.costs = per_model[key]  # shared: what one generation learns, the next starts from
+            per_model[key] = stored_calibration(target, session, last_tokens, self.max_k + 1)
+        self.costs = per_model[key]  # the calibrated curve, read only
         self.successes = torch.zeros(batch, POSITIONS, dtype=torch.float64)
         self.failures = torch.zeros(batch, POSITIONS, dtype=torch.float64)
+        self.first_weight = torch.full((batch,), PRIOR, dtype=torch.float64)
         return time.perf_counter() - start
 
     @property
@@ -164,10 +193,12 @@ class AdaptiveDraftLength:
         """float64 [B, POSITIONS]: each row's running acceptance rate at each draft position, given that
         the positions before it were accepted (the last one stands for every later position)."""
         rates, prior = [], torch.full(self.successes.shape[:1], FIRST_PRIOR, dtype=torch.float64)
+        weight = self.first_weight
         for j in range(POSITIONS):  # a position seen rarely leans on the one before it
             s, f = self.successes[:, j], self.failures[:, j]
-            prior = (s + PRIOR * prior) / (s + f + PRIOR)
+            prior = (s + weight * prior) / (s + f + weight)
             rates.append(prior)
+            weight = torch.full_like(weight, PRIOR)
         return torch.stack(rates, -1)
 
     def choose(self, budgets: Sequence[int]) -> list[int]:
@@ -176,7 +207,7 @@ class AdaptiveDraftLength:
             return [0] * len(budget)
         k = torch.minimum(torch.arange(self.max_k + 1), budget[:, None])  # [B, max_k + 1]
         tokens = (expected_tokens(self.acceptance, k) * (budget > 0).double()[:, None]).sum(0)
-        seconds = torch.tensor(self.costs, dtype=torch.float64) + self.overhead
+        seconds = torch.tensor(self.costs, dtype=torch.float64) * self.load + self.overhead
         best = int((tokens / seconds).argmax())
         return torch.minimum(budget, torch.tensor(best)).tolist()
 
@@ -195,8 +226,9 @@ class AdaptiveDraftLength:
         failed = ((index == accepted_[:, None]) & (accepted_ < drafted_)[:, None]).double() @ bucket
         self.successes = self.decay * self.successes + passed
         self.failures = self.decay * self.failures + failed
+        self.first_weight = torch.where(drafted_ > 0, self.decay * self.first_weight, self.first_weight)
         if 1 <= width <= len(self.costs):
-            self.costs[width - 1] += COST_RATE * (forward_seconds - self.costs[width - 1])
+            self.load += COST_RATE * (forward_seconds / self.costs[width - 1] - self.load)
         self.overhead += COST_RATE * (max(step_seconds - forward_seconds, 0.0) - self.overhead)
 
 

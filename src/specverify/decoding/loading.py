@@ -95,6 +95,7 @@ def load_gguf(gguf: Path, *, use_cache: bool = True) -> LoadedModel:
     if folder is not None and model_cache.is_complete(folder):
         try:
             loaded = load_pretrained(folder)
+            loaded.model.cache_folder = folder
             return LoadedModel(loaded.model, loaded.tokenizer, f"{gguf.stem} (cached)", time.perf_counter() - start)
         except OSError:  # removed by another process while we read it: convert again
             pass
@@ -107,8 +108,9 @@ def load_gguf(gguf: Path, *, use_cache: bool = True) -> LoadedModel:
             model_cache.write_entry(folder, lambda partial: _save(model, tokenizer, partial))
         except OSError as err:
             print(f"specverify: could not cache the de-quantised model in {folder}: {err}", file=sys.stderr)
+            folder = None
     return LoadedModel(
-        HFLanguageModel(model), ChatTokenizer(tokenizer), f"{gguf.stem} (GGUF)", time.perf_counter() - start
+        HFLanguageModel(model, folder), ChatTokenizer(tokenizer), f"{gguf.stem} (GGUF)", time.perf_counter() - start
     )
 
 

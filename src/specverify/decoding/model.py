@@ -14,6 +14,7 @@ any decoding, a request whose prompt plus max_tokens does not fit (`check_contex
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -124,8 +125,11 @@ def check_truncation(lengths: torch.Tensor, current: torch.Tensor) -> torch.Tens
 class HFLanguageModel:
     """Any transformers causal LM (`model(input_ids, attention_mask, position_ids, cache=...)`), in eval mode."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, cache_folder: Path | None = None):
         self.model = model.eval()
+        #: A folder where measurements of this model may be kept across processes (its entry in the model
+        #: cache, see `cost_cache`), or None.
+        self.cache_folder = cache_folder
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         #: The positions the model was trained on (config.max_position_embeddings; None if it has none).
         self.max_context = getattr(model.config, "max_position_embeddings", None)

@@ -57,18 +57,28 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.T
     return out
 
 
+def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) -> torch.Tensor:
+    """Where the continuations of the longest recurring suffix start: the index after each earlier
+    occurrence of the longest suffix of context (max_ngram down to min_ngram tokens) that occurred before.
+    context: int64 [L] -> int64 [M], ascending (the most recent last; empty when no suffix recurs)."""
+    length = context.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = context[:-1].unfold(0, n, 1)  # window i = context[i:i+n], always followed by a token
+        hits = (windows == context[-n:]).all(1).nonzero()[:, 0]
+        if hits.numel():
+            return hits + n
+    return context[:0]
+
+
 def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
     """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
     suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
     int64 [<= k] (empty when no suffix recurs)."""
-    length = context.shape[0]
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = context[:-1].unfold(0, n, 1)  # window i = context[i:i+n], always followed by a token
-        hits = (windows == context[-n:]).all(1).nonzero()
-        if hits.numel():
-            start = int(hits[-1, 0]) + n
-            return context[start : start + k]
-    return context[:0]
+    starts = suffix_continuations(context, max_ngram, min_ngram)
+    if not starts.numel():
+        return context[:0]
+    start = int(starts[-1])
+    return context[start : start + k]
 
 
 class NgramDrafter:

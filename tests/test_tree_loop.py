@@ -93,6 +93,21 @@ def test_tree_steps_give_plain_decodings_tokens(target, draft_model, nodes):
         assert tree(target, drafter, nodes=nodes).tokens == expected, type(drafter).__name__
 
 
+def test_thinking_regions_end_a_commit_at_their_boundary(target):
+    """A commit ends after a thinking boundary (as in the chain loop); the output is still plain decoding's."""
+    from specverify.decoding import ThinkingRegions
+
+    regions = ThinkingRegions(43, 21)  # the greedy output holds both, several times
+    prompts = [[7, 9, 10, 8, 9, 10, 7, 9, 10, 8, 9, 10, 7, 9]]
+    expected = plain(target, prompts=prompts, params=[SamplingParams()], seed=[0], thinking=regions).tokens
+    events = []
+    result = tree(target, ModelTreeDrafter(target, 2), prompts=prompts, params=[SamplingParams()], seed=[0],
+                  thinking=regions, on_step=events.append)  # fmt: skip
+    assert result.tokens == expected
+    assert all(t not in (43, 21) for e in events for t in e.tokens[:-1])
+    assert sum(e.tokens[-1] in (43, 21) for e in events) >= 3
+
+
 def test_good_trees_commit_several_tokens_a_step(target):
     """The target drafting for itself (greedy): nearly every path is accepted to its end."""
     result = tree(target, ModelTreeDrafter(target, 2), params=SamplingParams(), nodes=8)

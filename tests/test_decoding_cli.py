@@ -61,6 +61,19 @@ def test_generate_json_compare(model_folder, capsys):
     assert report["settings"]["draft_tokens"] == 3
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_generate_tree_json_compare(model_folder, capsys, drafter):
+    """--tree NODES: tree steps, argmax mode, output identical to plain decoding."""
+    model = ["--drafter", "model", "--draft-model", str(model_folder), "--branching", "3"] if drafter == "model" else []
+    options = ["--compare", "--json", "--max-tokens", "12", "--temperature", "0.9", "--seed", "5", "--tree", "6"]
+    code, out, err = run(capsys, "generate", "w3 w4 w5 w3 w4 w5 w3 w4", "--model", str(model_folder), *options, *model)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["identical"] is True
+    assert report["speculative"]["tokens"] == report["plain"]["tokens"] == 12
+    assert report["settings"]["tree"] == 6
+
+
 def test_generate_live_view_shows_the_table(model_folder, capsys):
     code, out, err = run(
         capsys,
@@ -123,6 +136,12 @@ def test_generate_sampled_proposals(model_folder, capsys):
         ),
         (["--max-tokens", "many", "hi"], "argument --max-tokens: invalid int value: 'many'"),
         (["--seed", str(2**64), "hi"], f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {2**64})"),
+        (["--tree", "0", "hi"], "--tree must be >= 1 node (got 0)"),
+        (["--tree", "8", "-k", "4", "hi"], "--tree NODES replaces -k (got -k 4 and --tree 8: give one)"),
+        (["--tree", "8", "--regex", "a+", "hi"], "--tree cannot take --json-schema/--regex/--choices"),
+        (["--tree", "8", "--think-begin", "a", "--think-end", "b", "--relaxed", "10,0.5", "hi"], "--tree cannot take --relaxed"),
+        (["--tree", "8", "--branching", "0", "hi"], "--branching must be >= 1 (got 0)"),
+        (["--tree", "8", "--sibling-draws", "iid", "hi"], "--sibling-draws must be 'with_replacement' or"),
 
     ],
 )

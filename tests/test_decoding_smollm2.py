@@ -56,3 +56,17 @@ def test_a_batch_of_requests_decodes_each_as_alone_on_smollm2(smollm2):
     assert [len(t) for t in batch.speculative.tokens] == [24, 16, 24]
     for request, tokens in zip(requests, batch.speculative.tokens):
         assert run_requests(smollm2, NgramDrafter(), [request], k="auto").speculative.tokens == [tokens]
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9)], ids=["greedy", "t0.7"]
+)
+def test_tree_steps_equal_plain_on_smollm2(smollm2, params):
+    """`tree_generate` with the n-gram trie (16 nodes): plain decoding's tokens, in fewer target steps."""
+    from specverify.decoding import NgramTrieDrafter, tree_generate
+
+    ids = smollm2.tokenizer.encode_chat(EXAMPLES["code"])
+    plain = plain_generate(smollm2.model, [ids], params, seed=7, max_tokens=40)
+    tree = tree_generate(smollm2.model, NgramTrieDrafter(), [ids], params, seed=7, max_tokens=40, nodes=16)
+    assert tree.tokens == plain.tokens
+    assert tree.steps < plain.steps

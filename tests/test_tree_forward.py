@@ -138,12 +138,9 @@ def test_bad_trees_and_paths_name_themselves(target):
     session.extend(torch.tensor([[1, 2], [3, 4]]), return_logits=False)
     root, tokens = torch.tensor([[5], [6]]), torch.tensor([[7, 8, 9], [10, 11, -1]])
     cases = [
-        (root, tokens, torch.tensor([[-1, 1, 0], [-1, 0, 0]]), "parents must be -1 .* at row 0, node 1"),
-        (root, torch.tensor([[7, -1, 9], [10, 11, -1]]), torch.tensor([[-1, 0, 1], [-1, 0, 0]]), "a present node .* row 0, node 2"),
-        (root, torch.tensor([[7, VOCAB, 9], [10, 11, -1]]), torch.tensor([[-1, 0, 1], [-1, 0, 0]]), rf"tokens must be ids in \[0, {VOCAB}\)"),
-        (torch.tensor([[5], [-1]]), tokens, torch.tensor([[-1, 0, 1], [-1, 0, 0]]), "root -1 .* row 1"),
         (root, tokens, torch.tensor([[-1, 0], [-1, 0]]), "parents must have the shape of tokens"),
         (root, tokens.float(), torch.tensor([[-1, 0, 1], [-1, 0, 0]]), "tokens must be an integer tensor"),
+        (root, tokens[:1], torch.tensor([[-1, 0, 1]]), "tokens must have B = 2 rows"),
     ]
     for r, t, p, message in cases:
         before = (r.clone(), t.clone(), p.clone())
@@ -162,3 +159,29 @@ def test_bad_trees_and_paths_name_themselves(target):
             session.keep_path(torch.tensor(path), torch.tensor(length))
     session.keep_path(torch.tensor([[0, 2, -1], [1, -1, -1]]), torch.tensor([2, 1]))
     assert session.lengths.tolist() == [5, 4]
+
+
+# Trees whose values break SPEC §8, each beside the tree the verifier's validate=False walk reads (the bad
+# node and its subtree as padding), and the rule tree_acceptance_sampler names under validate=True.
+BAD_TREES = [
+    ([[7, 8, 9], [10, 11, -1]], [[-1, 1, 0], [-1, 0, 0]], [[7, -1, -1], [10, 11, -1]], "parents must be -1 .* at row 0, node 1"),
+    ([[7, -1, 9], [10, 11, -1]], [[-1, 0, 1], [-1, 0, 0]], [[7, -1, -1], [10, 11, -1]], "a present node .* row 0, node 2"),
+    ([[7, VOCAB, 9], [10, 11, 12]], [[-1, 0, 0], [-1, 0, 1]], [[7, -1, 9], [10, 11, 12]], rf"draft_tokens must be in \[-1, {VOCAB}\) .* row 0, node 1"),
+]
+
+
+@pytest.mark.parametrize("tokens, parents, read_as, rule", BAD_TREES)
+def test_a_bad_tree_is_scored_as_the_verifier_reads_it_and_refused_by_the_verifier(target, tokens, parents, read_as, rule):
+    """extend_tree leaves the values to the verifier (one check per step, no host reads in the forward):
+    a node the walk cannot reach is scored as padding, so the reachable nodes' logits are those of the tree
+    without it; the verifier with validate=True refuses the tree by name."""
+    def scores(t, p):
+        session = target.session(2)
+        session.extend(torch.tensor([[1, 2], [3, 4]]), return_logits=False)
+        return session.extend_tree(torch.tensor([[5], [6]]), torch.tensor(t), torch.tensor(p))
+
+    logits, expected = scores(tokens, parents), scores(read_as, parents)
+    reachable = torch.cat([torch.ones(2, 1, dtype=torch.bool), torch.tensor(read_as) >= 0], dim=1)
+    torch.testing.assert_close(logits[reachable], expected[reachable], rtol=0, atol=atol(target))
+    with pytest.raises(ValueError, match=rule):
+        specverify.tree_acceptance_sampler(torch.tensor(tokens), torch.tensor(parents), logits.float(), 1.0, -1, 1.0, 0)

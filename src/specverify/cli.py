@@ -66,6 +66,20 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         "--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)"
     )
     p.add_argument(
+        "--tree",
+        type=int,
+        metavar="NODES",
+        help="verify a draft tree of up to NODES nodes per step instead of a chain of K (--drafter ngram: the "
+        "trie of every earlier continuation of the suffix; model: the draft model's top/sampled children)",
+    )
+    p.add_argument("--branching", type=int, default=2, help="for --tree with --drafter model: children per node (default 2)")
+    p.add_argument(
+        "--sibling-draws",
+        default="with_replacement",
+        help="for --tree with --drafter model and --draft-proposal sampled: 'with_replacement' (default) or "
+        "'without_replacement'",
+    )
+    p.add_argument(
         "--min-ngram", type=int, default=1, help="for --drafter ngram: shortest suffix to match, 1-3 (default 1)"
     )
     p.add_argument(
@@ -125,6 +139,7 @@ def _generate_settings(args: argparse.Namespace):
         raise UsageError(f"--min-ngram must be 1, 2 or 3 (got {args.min_ngram})")
     if args.draft_proposal not in ("argmax", "sampled"):
         raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
+    _check_tree_settings(args)
     if not -(2**63) <= args.seed < 2**64:
         raise UsageError(f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {args.seed})")
     for flag, value, low in (
@@ -138,6 +153,24 @@ def _generate_settings(args: argparse.Namespace):
     except ValueError as err:
         raise UsageError(f"--{str(err).replace('_', '-')}") from None
     return prompt, params
+
+
+def _check_tree_settings(args: argparse.Namespace) -> None:
+    """--tree and its companions: what a tree step cannot take is refused before anything is loaded."""
+    if args.tree is None:
+        return
+    if args.tree < 1:
+        raise UsageError(f"--tree must be >= 1 node (got {args.tree})")
+    if args.draft_tokens != "auto":
+        raise UsageError(f"--tree NODES replaces -k (got -k {args.draft_tokens} and --tree {args.tree}: give one)")
+    if args.json_schema is not None or args.regex is not None or args.choices is not None:
+        raise UsageError("--tree cannot take --json-schema/--regex/--choices: tree steps are verified without grammar masks")
+    if args.relaxed is not None:
+        raise UsageError("--tree cannot take --relaxed: relaxed acceptance is a chain rule")
+    if args.branching < 1:
+        raise UsageError(f"--branching must be >= 1 (got {args.branching})")
+    if args.sibling_draws not in ("with_replacement", "without_replacement"):
+        raise UsageError(f"--sibling-draws must be 'with_replacement' or 'without_replacement' (got {args.sibling_draws!r})")
 
 
 def _relaxed_setting(args: argparse.Namespace) -> tuple[int, float] | None:
@@ -210,7 +243,7 @@ def _thinking_regions(args: argparse.Namespace, target):
 
 def _load_models(args: argparse.Namespace, console):
     """The target and the drafter the arguments name -> (LoadedModel, Drafter)."""
-    from .decoding import ModelDrafter, NgramDrafter
+    from .decoding import ModelDrafter, ModelTreeDrafter, NgramDrafter, NgramTrieDrafter
     from .decoding.loading import MissingModel, load_model, locate_model
 
     names = {"--model": args.model, "--draft-model": args.draft_model if args.drafter == "model" else None}
@@ -227,6 +260,8 @@ def _load_models(args: argparse.Namespace, console):
             draft = load_model(args.draft_model) if args.drafter == "model" else None
         except MissingModel as err:
             raise UsageError(str(err)) from None
+    if draft is None and args.tree is not None:
+        return target, NgramTrieDrafter(max_ngram=3, min_ngram=args.min_ngram)
     if draft is None:
         return target, NgramDrafter(min_ngram=args.min_ngram)
     if draft.model.vocab_size != target.model.vocab_size:
@@ -234,6 +269,8 @@ def _load_models(args: argparse.Namespace, console):
             "--draft-model must share the target's tokenizer "
             f"(vocabulary {draft.model.vocab_size} != {target.model.vocab_size})"
         )
+    if args.tree is not None:
+        return target, ModelTreeDrafter(draft.model, args.branching, args.sibling_draws)
     return target, ModelDrafter(draft.model)
 
 
@@ -249,6 +286,8 @@ def _requests(args: argparse.Namespace, prompt: str | None, params, grammar_sett
         requests = read_requests(args.requests, defaults)
     except ValueError as err:
         raise UsageError(f"--requests {args.requests}: {err}") from None
+    if any(r.grammar is not None for r in requests) and args.tree is not None:
+        raise UsageError("--tree cannot take requests with json_schema/regex/choices: tree steps are verified without grammar masks")
     if any(r.grammar is not None for r in requests):
         _check_modules(GRAMMAR_MODULES, "a request with json_schema/regex/choices")
     return requests
@@ -276,7 +315,8 @@ def run_generate(args: argparse.Namespace) -> int:
         what = f"prompt {len(target.tokenizer.encode_chat(prompt))} tokens" if single else f"{len(requests)} requests"
         console.print(
             f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
-            f"K={args.draft_tokens} · drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
+            f"{'K=' + str(args.draft_tokens) if args.tree is None else f'tree of {args.tree} nodes'} · "
+            f"drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
         )
         if single:
             console.print(LEGEND)
@@ -301,6 +341,7 @@ def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, printe
             drafter,
             requests,
             k=args.draft_tokens,
+            tree=args.tree,
             draft_proposal=args.draft_proposal,
             thinking=_thinking_regions(args, target),
             relaxed=relaxed,

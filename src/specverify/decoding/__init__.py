@@ -10,6 +10,8 @@ from .params import SamplingParams
 from .requests import Request, read_requests
 from .result import GenerationResult, StepEvent
 from .thinking import ThinkingRegions
+from .tree_drafters import ModelTreeDrafter, NgramTrieDrafter, TreeDraft, TreeDrafter
+from .tree_loop import tree_generate
 
 __all__ = [
     "AdaptiveDraftLength",
@@ -24,15 +26,20 @@ __all__ = [
     "HFLanguageModel",
     "LanguageModel",
     "ModelDrafter",
+    "ModelTreeDrafter",
     "NgramDrafter",
+    "NgramTrieDrafter",
     "Request",
     "SamplingParams",
     "Session",
     "StepEvent",
     "ThinkingRegions",
+    "TreeDraft",
+    "TreeDrafter",
     "TreeSession",
     "plain_generate",
     "read_requests",
     "run_requests",
     "speculative_generate",
+    "tree_generate",
 ]

@@ -20,6 +20,8 @@ from .requests import GRAMMAR_FIELDS, Request
 from .result import GenerationResult
 from .schema import schema_violation
 from .thinking import ThinkingRegions
+from .tree_drafters import TreeDrafter
+from .tree_loop import tree_generate
 
 #: How each grammar kind is named in errors about a request given by the command's flags.
 GRAMMAR_FLAGS = {"json_schema": "--json-schema", "regex": "--regex", "choice": "--choices"}
@@ -86,10 +88,11 @@ def grammar_check(request: Request, complete: bool | None, text: str) -> dict | 
 
 def run_requests(
     loaded: LoadedModel,
-    drafter: Drafter,
+    drafter: Drafter | TreeDrafter,
     requests: list[Request],
     *,
     k: int | str = "auto",
+    tree: int | None = None,
     draft_proposal: str = "argmax",
     thinking: ThinkingRegions | None = None,
     relaxed: tuple[int, float] | None = None,
@@ -98,7 +101,8 @@ def run_requests(
     around_plain: Callable[[], AbstractContextManager] = nullcontext,
 ) -> BatchRun:
     """Decode the requests together (chat template applied to each prompt). k, draft_proposal, thinking,
-    relaxed, on_step: as `speculative_generate`; compare: then decode the same batch with plain decoding
+    relaxed, on_step: as `speculative_generate`; tree: a number of nodes to decode with `tree_generate`
+    instead (drafter: a TreeDrafter; no grammar, no relaxed); compare: then decode the same batch with plain decoding
     (inside the context around_plain() gives, e.g. a progress display). A grammar that does not compile raises
     GrammarError naming the request; `grammar.GrammarDeadEnd` propagates."""
     grammars = compile_grammars(loaded, requests)
@@ -111,10 +115,18 @@ def run_requests(
         "thinking": thinking,
     }
     params = [r.params for r in requests]
-    spec = speculative_generate(
-        loaded.model, drafter, prompt_ids, params, k=k, draft_proposal=draft_proposal, on_step=on_step,
-        relaxed=relaxed, **common,
-    )
+    if tree is not None and relaxed is not None:
+        raise ValueError("relaxed acceptance is a chain rule (SPEC §3.4): tree drafts are verified losslessly only")
+    if tree is not None:
+        spec = tree_generate(
+            loaded.model, drafter, prompt_ids, params, nodes=tree, draft_proposal=draft_proposal, on_step=on_step,
+            **common,
+        )
+    else:
+        spec = speculative_generate(
+            loaded.model, drafter, prompt_ids, params, k=k, draft_proposal=draft_proposal, on_step=on_step,
+            relaxed=relaxed, **common,
+        )
     plain = None
     if compare:
         with around_plain():

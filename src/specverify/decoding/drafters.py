@@ -57,14 +57,13 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.T
     return out
 
 
-def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
-    """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
-    suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
-    int64 [<= k] (empty when no suffix recurs).
+def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) -> torch.Tensor:
+    """Where the continuations of the longest recurring suffix start: the index after each earlier
+    occurrence of the longest suffix of context (max_ngram down to min_ngram tokens) that occurred before.
+    context: int64 [L] -> int64 [M], ascending (the most recent last; empty when no suffix recurs).
 
     One pass over the context: for every earlier end position i (each followed by a token), how many of
-    the context's last tokens match the tokens ending at i (up to max_ngram); the best is the longest
-    match, the latest among equals.
+    the context's last tokens match the tokens ending at i (up to max_ngram); the longest match wins.
     """
     length = context.shape[0]
     n = min(max_ngram, length - 1)
@@ -76,7 +75,17 @@ def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram
     best = int(matched.max())
     if best < min_ngram:
         return context[:0]
-    start = int((matched == best).nonzero()[-1, 0]) + 1
+    return (matched == best).nonzero()[:, 0] + 1
+
+
+def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
+    """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
+    suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
+    int64 [<= k] (empty when no suffix recurs)."""
+    starts = suffix_continuations(context, max_ngram, min_ngram)
+    if not starts.numel():
+        return context[:0]
+    start = int(starts[-1])
     return context[start : start + k]
 
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from .tree_attention import PAD, check_tree, path_slots, tree_ancestry, tree_attention_mask, tree_positions
+from .tree_attention import PAD, path_slots, tree_ancestry, tree_attention_mask, tree_nodes, tree_positions
 
 
 class Session(Protocol):
@@ -50,6 +50,8 @@ class TreeSession(Session, Protocol):
         padding anywhere; parents: int64 [B, N], -1 = a child of the root, else an earlier present node.
         Returns logits float [B, N+1, V]: index 0 after the root, index i+1 after the path root -> node i
         (as `tree_acceptance_sampler` takes them). The root joins the context; the nodes wait for `keep_path`.
+        The tree's values are the verifier's to check (SPEC §8, validate=True): a node the verifier's walk
+        cannot reach (id out of range, parent absent or not earlier) is scored as padding, not refused.
         """
         ...
 
@@ -206,16 +208,11 @@ class HFSession:
         has_root = check_extension(root, self._valid.shape[0])
         if root.shape[1] != 1:
             raise ValueError(f"root must be [B, 1], one last committed token per row (got {list(root.shape)})")
-        present = check_tree(tokens, parents, self._vocab_size)
-        if tokens.shape[0] != root.shape[0]:
-            raise ValueError(f"tokens must have B = {root.shape[0]} rows (got {tokens.shape[0]})")
-        orphans = present.any(1) & ~has_root[:, 0]
-        if bool(orphans.any()):
-            raise ValueError(f"a row with root -1 can have no tree nodes (got some at row {int(orphans.nonzero()[0, 0])})")
+        present = tree_nodes(tokens, parents, has_root, self._vocab_size)
         parents = parents.to(torch.int64)
         ancestry = tree_ancestry(parents, present)
         out = self._model(
-            input_ids=torch.cat([root, tokens], dim=1).clamp_min(0),
+            input_ids=torch.cat([root.clamp_min(0), torch.where(present, tokens, 0)], dim=1),
             attention_mask=tree_attention_mask(self._valid, ancestry, self._cache_dtype()),
             position_ids=tree_positions(self.lengths, ancestry),
             cache=self._cache,

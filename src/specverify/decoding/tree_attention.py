@@ -11,31 +11,32 @@ from __future__ import annotations
 
 import torch
 
-from specverify.checks import check_tree_parents
-
 PAD = -1
 
 
-def check_tree(tokens: torch.Tensor, parents: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Validate tree nodes: ids in [0, vocab_size) or -1 padding (anywhere), parents as SPEC §8.
+def tree_nodes(tokens: torch.Tensor, parents: torch.Tensor, has_root: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Check a tree's types and shapes and read which nodes it has, as the verifier does: bool [B, N].
 
-    tokens, parents: int [B, N]. Returns the present nodes: bool [B, N].
+    tokens, parents: int [B, N] (SPEC §8); has_root: bool [B, 1], the rows that append a root.
+    The values are not checked here: the tree's judge, `specverify.tree_acceptance_sampler` with
+    validate=True, raises on them by name (ids out of range, a parent that is absent or not earlier), so the
+    loop checks each tree once and reads nothing back to the host here. A node is in the tree when its id is
+    in [0, vocab_size), its row has a root, and its parent is -1 or an earlier node in the tree: exactly the
+    nodes the verifier's validate=False walk can reach, so the forward and the verdict read a tree alike.
+    Any other node is scored as padding (its logits are finite and never used; `keep_path` drops it).
     """
     for name, value in (("tokens", tokens), ("parents", parents)):
         if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dim() != 2:
             raise TypeError(f"{name} must be an integer tensor [B, N] (got {value!r:.80})")
     if parents.shape != tokens.shape:
         raise ValueError(f"parents must have the shape of tokens {list(tokens.shape)} (got {list(parents.shape)})")
-    bad = (tokens < PAD) | (tokens >= vocab_size)
-    if bool(bad.any()):
-        row, node = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"tokens must be ids in [0, {vocab_size}) or -1 padding (got {int(tokens[row, node])} at row {row}, "
-            f"node {node})"
-        )
-    present = tokens != PAD
-    check_tree_parents(parents, present)
-    return present
+    if tokens.shape[0] != has_root.shape[0]:
+        raise ValueError(f"tokens must have B = {has_root.shape[0]} rows (got {tokens.shape[0]})")
+    earlier = torch.arange(tokens.shape[1], device=tokens.device)
+    parents = parents.to(torch.int64)
+    fits = has_root & (tokens >= 0) & (tokens < vocab_size) & ((parents == PAD) | ((parents >= 0) & (parents < earlier)))
+    ancestry = tree_ancestry(parents, fits)
+    return fits & ~(ancestry & ~fits[:, None, :]).any(-1)
 
 
 def tree_ancestry(parents: torch.Tensor, present: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ import llama_cpp
 import numpy as np
 import torch
 
-from .model import check_extension, check_truncation
+from .model import ContextOverflow, check_extension, check_truncation
 
 #: A row's context when the caller gives none: the model's training context, at most this many tokens
 #: (its KV cells are allocated when a session starts: SmolLM2-135M, 8192 cells, ~190 MB per row).
@@ -166,6 +166,13 @@ class LlamaCppSession:
         real = check_extension(tokens, self._batch_size)
         if tokens.numel() and int(tokens.max()) >= self._owner.vocab_size:
             raise ValueError(f"tokens must be ids < {self._owner.vocab_size} (got {int(tokens.max())})")
+        after = self.lengths + real.sum(1)
+        if bool((after > self._owner.max_context).any()):  # llama.cpp would abort the process
+            row = int((after > self._owner.max_context).nonzero()[0, 0])
+            raise ContextOverflow(
+                f"tokens would make row {row} hold {int(after[row])} positions, past the model's context of "
+                f"{self._owner.max_context} (context_length)"
+            )
         rows, columns = real.nonzero(as_tuple=True)  # row-major: row b's tokens in order
         ids = tokens[rows, columns].tolist()
         positions = (self.lengths[rows] + columns).tolist()
@@ -174,7 +181,7 @@ class LlamaCppSession:
         for start in range(0, len(ids), MAX_BATCH):
             stop = min(start + MAX_BATCH, len(ids))
             outputs.append(self._decode(ids[start:stop], positions[start:stop], sequences[start:stop], return_logits))
-        self.lengths = self.lengths + real.sum(1)
+        self.lengths = after
         if not return_logits:
             return None
         logits = torch.zeros(*tokens.shape, self._owner.vocab_size, dtype=torch.float32)

@@ -11,12 +11,14 @@ and the adaptive draft length see only `extend`/`truncate`, so they run on llama
 - Contexts are slow to create (0.04 s for one row of 4096 cells, ~0.4 s for three), so a closed session's
   context goes back to its model and the next session of the same batch size reuses it (cleared).
 - Threads: `threads` is llama.cpp's thread count for both single-token and batch evaluation.
+- Flash attention is on: it makes a token's logits independent of the evaluation's width (see below).
 - llama.cpp's extra weight buffers (the AMX and repacked CPU matmul kernels, `use_extra_bufts`) are off:
   with them llama-cpp-python 0.3.36 segfaults in `ggml_backend_amx_mul_mat` on the first evaluation on
-  this project's CPUs (Sapphire Rapids, AMX), through the high-level `Llama` as well. Without them a
-  token's logits are the same whether it is evaluated alone or in a batch on the shipped Q4_1 model
-  (measured: bit-identical); on an F16 copy they differ by up to ~0.05 (the batched matmul sums in
-  another order), which can flip a near-tie.
+  this project's CPUs (Sapphire Rapids, AMX), through the high-level `Llama` as well. Without them, and
+  with flash attention, a token's logits are the same whether it is evaluated alone or in a batch on the
+  shipped Q4_1 model (measured: bit-identical, so speculative output equals plain output); on an F16
+  copy they differ by up to ~0.1 (the batched F16 matmul sums in another order), which can flip a
+  near-tie. The verifier is exact given the logits it is handed either way.
 - Log lines of llama.cpp are silenced (it prints hundreds while loading); failures are raised instead.
 
 Tokenization is not done here: a model's token ids come from the transformers tokenizer of the same GGUF
@@ -107,6 +109,10 @@ class LlamaCppModel:
         params.n_seq_max = batch_size
         params.n_ctx = self.max_context * batch_size
         params.kv_unified = False  # one KV stream per row: n_ctx_seq = max_context
+        # on (llama.cpp's "auto" picks it on the CPU too; llama-cpp-python's Llama turns it off): without it
+        # a token's logits depend on how many tokens are evaluated with it (up to 1.5 apart on SmolLM2 Q4_1),
+        # with it they do not; side by side it costs the same per step here
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         params.n_batch = MAX_BATCH
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True

@@ -1,6 +1,6 @@
 """The llama.cpp engine on the real SmolLM2-135M-Instruct GGUF: the session protocol (per-position logits of
 a multi-token evaluation, truncation, several rows), llama.cpp's cached F16 copy, the CLI's errors, and
-(slow) speculative decoding end to end."""
+(slow) a llama.cpp draft model. Speculative decoding end to end on llama.cpp: tests/test_decoding_smollm2.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import torch
 from specverify import cli
 from specverify.decoding import (
     ModelDrafter,
-    NgramDrafter,
     SamplingParams,
     loading,
     model_cache,
@@ -239,34 +238,10 @@ def test_the_missing_llamacpp_extra_says_the_pip_command(capsys, monkeypatch):
     )
 
 
-@pytest.fixture(scope="module")
-def smollm2_llamacpp(gguf):
+@pytest.mark.slow
+def test_a_llamacpp_draft_model_that_is_the_target_is_always_accepted(gguf):
     pytest.importorskip("transformers")
-    return loading.load_llamacpp(gguf)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("k", [4, "auto"])
-@pytest.mark.parametrize(
-    "params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9)], ids=["greedy", "t0.7"]
-)
-def test_speculative_decoding_on_llamacpp_gives_plain_decodings_tokens(smollm2_llamacpp, params, k):
-    """On the Q4_1 weights a token's logits do not depend on the evaluation's width, so the verifier's
-    guarantee makes speculative output token-identical to plain decoding on the same engine."""
-    loaded = smollm2_llamacpp
-    ids = loaded.tokenizer.encode_chat(EXAMPLES["copy"])
-    common = {"seed": 7, "max_tokens": 40, "stop_tokens": loaded.tokenizer.stop_tokens}
-    plain = plain_generate(loaded.model, [ids], params, **common)
-    spec = speculative_generate(loaded.model, NgramDrafter(), [ids], params, k=k, **common)
-    assert len(plain.tokens[0]) == 40
-    assert spec.tokens == plain.tokens
-    assert spec.steps < plain.steps  # the drafts were used
-    assert "quick brown fox" in loaded.tokenizer.decode(spec.tokens[0])
-
-
-@pytest.mark.slow
-def test_a_llamacpp_draft_model_that_is_the_target_is_always_accepted(smollm2_llamacpp, gguf):
-    loaded = smollm2_llamacpp
+    loaded = loading.load_llamacpp(gguf)
     ids = loaded.tokenizer.encode_chat(EXAMPLES["chat"])
     common = {"max_tokens": 24, "stop_tokens": loaded.tokenizer.stop_tokens}
     plain = plain_generate(loaded.model, [ids], **common)
@@ -275,19 +250,3 @@ def test_a_llamacpp_draft_model_that_is_the_target_is_always_accepted(smollm2_ll
     assert spec.tokens == plain.tokens
     assert spec.accepted == spec.drafted and sum(spec.drafted) >= 18  # greedy drafts of the same logits
 
-
-@pytest.mark.slow
-def test_a_batch_of_requests_on_llamacpp_decodes_each_as_alone(smollm2_llamacpp):
-    from specverify.decoding.batch import run_requests
-    from specverify.decoding.requests import Request
-
-    requests = [
-        Request(EXAMPLES["copy"], SamplingParams(), seed=1, max_tokens=24),
-        Request(EXAMPLES["chat"], SamplingParams(temperature=0.7, top_p=0.9), seed=3, max_tokens=16),
-        Request(EXAMPLES["code"], SamplingParams(temperature=0.7, top_k=40), seed=5, max_tokens=24),
-    ]
-    batch = run_requests(smollm2_llamacpp, NgramDrafter(), requests, k="auto", compare=True)
-    assert batch.identical == [True, True, True]
-    assert [len(t) for t in batch.speculative.tokens] == [24, 16, 24]
-    for request, tokens in zip(requests, batch.speculative.tokens):
-        assert run_requests(smollm2_llamacpp, NgramDrafter(), [request], k=4).speculative.tokens == [tokens]

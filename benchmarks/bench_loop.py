@@ -31,7 +31,7 @@ import torch
 
 from specverify.decoding import NgramDrafter, SamplingParams, plain_generate, speculative_generate
 from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.loading import load_model
+from specverify.decoding.loading import load_model, torch_threads
 
 LOOKUP_KS = (4, 10)
 FIXED_KS = (4, 10)
@@ -225,7 +225,7 @@ def main() -> None:
                         help="transformers (beside model.generate) or llamacpp (beside llama.cpp's own Llama)")
     parser.add_argument("--llamacpp-f16", action="store_true", help="with --engine llamacpp: the F16 copy")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(torch_threads(args.engine, args.threads))
     loaded = load_model(engine=args.engine, threads=args.threads, f16=args.llamacpp_f16)
     prefix = "hf" if args.engine == "transformers" else "lc"
     llms = llama_cpp_llms(loaded.model.path, args.threads) if args.engine == "llamacpp" else None

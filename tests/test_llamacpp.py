@@ -227,6 +227,25 @@ def test_a_transformers_folder_is_refused_by_the_llamacpp_engine(capsys, tmp_pat
     )
 
 
+def test_generate_on_llamacpp_gives_its_threads_to_llama_cpp(capsys, gguf, monkeypatch):
+    import json
+
+    pytest.importorskip("transformers")
+    loads, torch_threads = [], []
+    load = loading.load_llamacpp
+    monkeypatch.setattr(loading, "load_llamacpp", lambda *a, **k: loads.append(k) or load(*a, **k))
+    monkeypatch.setattr(torch, "set_num_threads", torch_threads.append)
+    code, out, err = run(
+        capsys, "generate", "--example", "copy", "--engine", "llamacpp", "--threads", "2", "--max-tokens", "4",
+        "--json", "--compare", "-k", "2",
+    )
+    assert code == 0, err
+    assert [k["threads"] for k in loads] == [2] and torch_threads[0] == 1
+    report = json.loads(out)
+    assert report["model"] == "SmolLM2-135M-Instruct.Q4_1 (llama.cpp)" and report["identical"] is True
+    assert report["settings"]["engine"] == "llamacpp"
+
+
 def test_the_missing_llamacpp_extra_says_the_pip_command(capsys, monkeypatch):
     monkeypatch.setattr(cli, "LLAMACPP_MODULES", ("no_such_llama_cpp_for_specverify",))
     code, out, err = run(capsys, "generate", "hi", "--engine", "llamacpp")

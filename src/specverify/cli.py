@@ -78,7 +78,8 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument(
-        "--threads", type=int, default=1, help="CPU threads (default 1): torch's, and llama.cpp's with --engine llamacpp"
+        "--threads", type=int, default=1, help="CPU threads (default 1): torch's, or llama.cpp's with --engine llamacpp "
+        "(torch then runs the verifier on one)"
     )
     engine = p.add_argument_group("engine")
     engine.add_argument(
@@ -286,7 +287,9 @@ def run_generate(args: argparse.Namespace) -> int:
     requests = _requests(args, prompt, params, _grammar_setting(args))
     import torch
 
-    torch.set_num_threads(args.threads)
+    from .decoding.loading import torch_threads
+
+    torch.set_num_threads(torch_threads(args.engine, args.threads))
     console = None
     if not args.json:
         from rich.console import Console

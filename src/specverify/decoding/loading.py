@@ -169,6 +169,14 @@ def load_model(
     return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)
 
 
+def torch_threads(engine: str, threads: int) -> int:
+    """torch's intra-op threads for a run with `threads` CPU threads on `engine`: all of them on
+    transformers; one beside llama.cpp, whose threads do the model's work while torch's only run the
+    verifier on a few rows (torch's idle threads spin after each op and take llama.cpp's cores: with
+    torch on 2 threads beside llama.cpp on 1, llama.cpp's one-token steps ran ~1.6x slower)."""
+    return threads if engine == "transformers" else 1
+
+
 def _llamacpp():
     """The llamacpp engine module (imports llama_cpp), or MissingModel with the pip command."""
     try:

@@ -1,19 +1,27 @@
 """The main loop side by side with what a user would otherwise reach for, on the embedded SmolLM2-135M-Instruct.
 
 In one process, on the same loaded model and the same chat prompts (every built-in example), greedy and
-at temperature 0.7, `--max-tokens` new tokens each:
+at temperature 0.7, `--max-tokens` new tokens each, with `--engine transformers` (default):
 - transformers `model.generate` (plain), and its prompt-lookup decoding
   (`generate(prompt_lookup_num_tokens=K)`) at K = 4 and 10;
 - specverify's plain loop, and its speculative loop with the n-gram (prompt-lookup) drafter at fixed
   K = 4 and 10 and at K = auto.
+With `--engine llamacpp` (GGUF as shipped, or `--llamacpp-f16`), on llama.cpp with `--threads` threads:
+- llama.cpp's own generation through llama-cpp-python's `Llama` (plain), and its prompt-lookup decoding
+  (`Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=K))`) at K = 4 and 10;
+- specverify's loops as above, on specverify's llama.cpp engine (the same weights and kernels);
+- with `--with-transformers`, also specverify's plain and K = auto loops on the transformers engine.
 Every method first runs 8 tokens untimed (builds, calibrations, first-shape allocations); then `--repeats`
 rounds, each timing every method once in turn, so that the machine's load falls on all alike. Times are
-whole generations (prefill included) from the caller's side. Ratios are taken within a round and
-reported as min and median over the rounds.
+whole generations (prefill included) from the caller's side and, on llama.cpp, also decoding alone (from
+the first new token to the last; ratios then compare those decode rates). Ratios are taken within a
+round and reported as min and median over the rounds. "same as plain": whether a method's tokens (first
+round, seed 0) equal plain decoding's on its engine, and where not, the first differing token and the
+logit margin there (plain's token minus the other's, in plain decoding's own one-token evaluation).
 
-transformers' prompt lookup draws with the global torch generator: under sampling its output depends on K
-and on the drafts, and it decodes one request at a time; specverify keys every draw by (request seed +
-position), so its output is the same for any K, drafter or batch.
+transformers' and llama.cpp's prompt lookup draw with a running generator: under sampling their output
+depends on K and on the drafts, and they decode one request at a time; specverify keys every draw by
+(request seed + position), so its output is the same for any K, drafter or batch.
 
 Prints a table and, on the last line, all results as one JSON object.
 """
@@ -68,8 +76,9 @@ def methods(loaded, ids: list[int], temperature: float, max_tokens: int):
     return {**table, **ours(loaded, ids, temperature, max_tokens)}
 
 
-def ours(loaded, ids: list[int], temperature: float, max_tokens: int):
-    """specverify's plain loop and its speculative loop (n-gram drafter, fixed K and auto) on loaded's engine."""
+def ours(loaded, ids: list[int], temperature: float, max_tokens: int, prefix: str = "sv", ks=(*FIXED_KS, "auto")):
+    """specverify's plain loop and its speculative loop (n-gram drafter, each K in ks) on loaded's engine,
+    named "<prefix> plain", "<prefix> K=<k>"."""
     params = SamplingParams(temperature=temperature)
     common = {"max_tokens": max_tokens, "stop_tokens": loaded.tokenizer.stop_tokens}
 
@@ -85,9 +94,9 @@ def ours(loaded, ids: list[int], temperature: float, max_tokens: int):
             return result.tokens[0], result.tokens_per_step, first[0]
         return run
 
-    table = {"sv plain": loop(None)}
-    for k in (*FIXED_KS, "auto"):
-        table[f"sv K={k}"] = loop(k)
+    table = {f"{prefix} plain": loop(None)}
+    for k in ks:
+        table[f"{prefix} K={k}"] = loop(k)
     return table
 
 
@@ -142,12 +151,16 @@ def lc_generate(llm, ids: list[int], temperature: float, max_tokens: int, stop_t
     return tokens, None, first
 
 
-def llamacpp_methods(loaded, llms: dict, ids: list[int], temperature: float, max_tokens: int):
-    """llama.cpp's own plain and lookup generation beside specverify's loops on llama.cpp (same weights)."""
+def llamacpp_methods(loaded, llms: dict, ids: list[int], temperature: float, max_tokens: int, transformers=None):
+    """llama.cpp's own plain and lookup generation beside specverify's loops on llama.cpp (same weights),
+    and, given the model loaded on transformers, specverify's plain and K=auto loops there ("tf ...")."""
     stop = loaded.tokenizer.stop_tokens
     table = {name: lambda seed, llm=llm: lc_generate(llm, ids, temperature, max_tokens, stop, seed)
              for name, llm in llms.items()}
-    return {**table, **ours(loaded, ids, temperature, max_tokens)}
+    table.update(ours(loaded, ids, temperature, max_tokens))
+    if transformers is not None:
+        table.update(ours(transformers, ids, temperature, max_tokens, "tf", ("auto",)))
+    return table
 
 
 def timed(run, seed: int) -> tuple[float, float | None, list[int], float | None]:
@@ -174,13 +187,15 @@ def divergence(model, ids: list[int], plain: list[int], other: list[int]) -> dic
     return {"index": index, "margin": round(float(logits[plain[index]] - logits[other[index]]), 4)}
 
 
-def same_as_plain(loaded, ids, method: str, first_round: dict, temperature: float, baseline: str):
-    """Whether a method's tokens (seed 0) equal plain decoding's on its engine: True, or where they part.
-    llama.cpp's lookup under sampling draws with its sampler's running state: not comparable (None)."""
-    if method.endswith("plain") or (temperature and method.startswith("lc lookup")):
+def same_as_plain(models: dict, ids, method: str, first_round: dict, temperature: float, baseline: str):
+    """Whether a method's tokens (seed 0) equal plain decoding's on its engine: True, or where they part
+    (`divergence` on models[method's prefix]). A lookup under sampling draws with its sampler's running
+    state: not comparable (None)."""
+    if method.endswith("plain") or (temperature and "lookup" in method):
         return None
-    plain = first_round["sv plain" if method.startswith("sv") else baseline][2]
-    where = divergence(loaded.model, ids, plain, first_round[method][2])
+    prefix = method.split()[0]
+    plain = first_round[f"{prefix} plain" if prefix in ("sv", "tf") else baseline][2]
+    where = divergence(models[prefix], ids, plain, first_round[method][2])
     return True if where is None else where
 
 
@@ -224,11 +239,15 @@ def main() -> None:
     parser.add_argument("--engine", default="transformers", choices=("transformers", "llamacpp"),
                         help="transformers (beside model.generate) or llamacpp (beside llama.cpp's own Llama)")
     parser.add_argument("--llamacpp-f16", action="store_true", help="with --engine llamacpp: the F16 copy")
+    parser.add_argument("--with-transformers", action="store_true",
+                        help="with --engine llamacpp: also specverify's plain and K=auto loops on transformers")
     args = parser.parse_args()
     torch.set_num_threads(torch_threads(args.engine, args.threads))
     loaded = load_model(engine=args.engine, threads=args.threads, f16=args.llamacpp_f16)
     prefix = "hf" if args.engine == "transformers" else "lc"
     llms = llama_cpp_llms(loaded.model.path, args.threads) if args.engine == "llamacpp" else None
+    transformers = load_model() if llms and args.with_transformers else None
+    models = {prefix: loaded.model, "sv": loaded.model, "tf": transformers and transformers.model}
     load_before = os.getloadavg()
     results = {}
     print(f"{loaded.source}, {args.threads} thread(s); rates of whole generations (prefill included) and, "
@@ -239,11 +258,11 @@ def main() -> None:
     for name in args.examples.split(","):
         ids = loaded.tokenizer.encode_chat(EXAMPLES[name])
         for temperature in (float(t) for t in args.temperatures.split(",")):
-            build = (lambda n: llamacpp_methods(loaded, llms, ids, temperature, n)) if llms else (
+            build = (lambda n: llamacpp_methods(loaded, llms, ids, temperature, n, transformers)) if llms else (
                 lambda n: methods(loaded, ids, temperature, n))
             rows, first_round = measure(build(args.max_tokens), build(8), f"{prefix} plain", args.repeats)
             for method, row in rows.items():
-                row["same_as_plain"] = same_as_plain(loaded, ids, method, first_round, temperature, f"{prefix} plain")
+                row["same_as_plain"] = same_as_plain(models, ids, method, first_round, temperature, f"{prefix} plain")
                 per_step = "" if row["tokens_per_step"] is None else f"{row['tokens_per_step']:.2f}"
                 decode = "" if row["decode_tokens_per_second"] is None else f"{row['decode_tokens_per_second']:.1f}"
                 shown = ["{:.2f}-{:.2f}".format(*row[key]) for key in ("vs_plain", "vs_sv_plain", "vs_best_lookup")]

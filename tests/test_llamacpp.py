@@ -236,8 +236,8 @@ def test_generate_on_llamacpp_gives_its_threads_to_llama_cpp(capsys, gguf, monke
     monkeypatch.setattr(loading, "load_llamacpp", lambda *a, **k: loads.append(k) or load(*a, **k))
     monkeypatch.setattr(torch, "set_num_threads", torch_threads.append)
     code, out, err = run(
-        capsys, "generate", "--example", "copy", "--engine", "llamacpp", "--threads", "2", "--max-tokens", "4",
-        "--json", "--compare", "-k", "2",
+        capsys, "generate", "Say hi.", "--engine", "llamacpp", "--threads", "2", "--max-tokens", "4", "--json",
+        "--compare", "-k", "2",
     )
     assert code == 0, err
     assert [k["threads"] for k in loads] == [2] and torch_threads[0] == 1

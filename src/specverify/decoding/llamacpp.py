@@ -163,6 +163,12 @@ class LlamaCppSession:
         self._context = context
         self._memory = llama_cpp.llama_get_memory(context)
         self._batch = llama_cpp.llama_batch_init(MAX_BATCH, 0, 1)
+        # numpy views of the batch's arrays, made once (each as_array costs more than a one-token step's copy)
+        self._ids, self._positions, self._flags = (
+            np.ctypeslib.as_array(array, shape=(MAX_BATCH,))
+            for array in (self._batch.token, self._batch.pos, self._batch.logits)
+        )
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(MAX_BATCH,))[:] = 1  # every token in one sequence
         self._batch_size = batch_size
         self.lengths = torch.zeros(batch_size, dtype=torch.int64)
 
@@ -183,34 +189,34 @@ class LlamaCppSession:
         ids = tokens[rows, columns].tolist()
         positions = (self.lengths[rows] + columns).tolist()
         sequences = rows.tolist()
-        outputs = []
+        flat = torch.empty(len(ids) if return_logits else 0, self._owner.vocab_size, dtype=torch.float32)
         for start in range(0, len(ids), MAX_BATCH):
             stop = min(start + MAX_BATCH, len(ids))
-            outputs.append(self._decode(ids[start:stop], positions[start:stop], sequences[start:stop], return_logits))
+            self._decode(ids[start:stop], positions[start:stop], sequences[start:stop], flat[start:stop].numpy())
         self.lengths = after
         if not return_logits:
             return None
+        if bool(real.all()):
+            return flat.view(*tokens.shape, self._owner.vocab_size)
         logits = torch.zeros(*tokens.shape, self._owner.vocab_size, dtype=torch.float32)
-        if outputs:
-            logits[real] = torch.from_numpy(np.concatenate(outputs))
+        logits[real] = flat
         return logits
 
-    def _decode(self, ids: list[int], positions: list[int], sequences: list[int], logits: bool) -> np.ndarray:
-        """One llama_decode of n <= MAX_BATCH tokens -> their logits float32 [n, V] (empty when not asked)."""
-        batch, n = self._batch, len(ids)
-        batch.n_tokens = n
-        np.ctypeslib.as_array(batch.token, shape=(n,))[:] = ids
-        np.ctypeslib.as_array(batch.pos, shape=(n,))[:] = positions
-        np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))[:] = 1
-        np.ctypeslib.as_array(batch.logits, shape=(n,))[:] = int(logits)
+    def _decode(self, ids: list[int], positions: list[int], sequences: list[int], out: np.ndarray) -> None:
+        """One llama_decode of n <= MAX_BATCH tokens; their logits are copied into out, float32 [n, V], or
+        not computed when out has no rows."""
+        n = len(ids)
+        self._batch.n_tokens = n
+        self._ids[:n] = ids
+        self._positions[:n] = positions
+        self._flags[:n] = len(out) > 0
         for i, sequence in enumerate(sequences):
-            batch.seq_id[i][0] = sequence
-        status = llama_cpp.llama_decode(self._context, batch)
+            self._batch.seq_id[i][0] = sequence
+        status = llama_cpp.llama_decode(self._context, self._batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} (1: no KV slot, the context is full)")
-        if not logits:
-            return np.empty((0, self._owner.vocab_size), dtype=np.float32)
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._context), shape=(n, self._owner.vocab_size)).copy()
+        if len(out):
+            out[:] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._context), shape=out.shape)
 
     def truncate(self, lengths: torch.Tensor) -> None:
         lengths = check_truncation(torch.as_tensor(lengths).to("cpu"), self.lengths)

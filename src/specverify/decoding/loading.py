@@ -221,7 +221,8 @@ def llamacpp_f16(gguf: Path, *, threads: int = 1) -> Path:
 
 
 def load_llamacpp(gguf: Path, *, threads: int = 1, f16: bool = False, use_cache: bool = True) -> LoadedModel:
-    """A GGUF model on llama.cpp: the file as shipped, or its cached F16 copy (f16=True)."""
+    """A GGUF model on llama.cpp: the file as shipped, or its F16 copy (f16=True; always cached, whatever
+    use_cache says: converting it on every load would write 2 bytes per weight each time)."""
     llamacpp = _llamacpp()
     start = time.perf_counter()
     tokenizer = load_tokenizer(gguf, use_cache=use_cache)

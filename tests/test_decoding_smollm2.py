@@ -66,10 +66,15 @@ def test_a_batch_of_requests_decodes_each_as_alone_on_smollm2(smollm2):
     "params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9)], ids=["greedy", "t0.7"]
 )
 def test_tree_steps_equal_plain_on_smollm2(smollm2, params):
-    """`tree_generate` with the n-gram trie (16 nodes): plain decoding's tokens, in fewer target steps."""
-    from specverify.decoding import NgramTrieDrafter, tree_generate
+    """`tree_generate` with the n-gram trie (16 nodes): plain decoding's tokens, in fewer target steps; a
+    llama.cpp target, whose sessions score no trees, is refused by name before any step."""
+    from specverify.decoding import HFLanguageModel, NgramTrieDrafter, tree_generate
 
     ids = smollm2.tokenizer.encode_chat(EXAMPLES["code"])
+    if not isinstance(smollm2.model, HFLanguageModel):
+        with pytest.raises(TypeError, match="needs a target whose sessions score trees"):
+            tree_generate(smollm2.model, NgramTrieDrafter(), [ids], params, seed=7, max_tokens=40, nodes=16)
+        return
     plain = plain_generate(smollm2.model, [ids], params, seed=7, max_tokens=40)
     tree = tree_generate(smollm2.model, NgramTrieDrafter(), [ids], params, seed=7, max_tokens=40, nodes=16)
     assert tree.tokens == plain.tokens

@@ -78,6 +78,13 @@ def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) 
     return (matched == best).nonzero()[:, 0] + 1
 
 
+def check_ngram_range(max_ngram: int, min_ngram: int) -> tuple[int, int]:
+    """The suffix lengths an n-gram drafter tries -> (max_ngram, min_ngram); ValueError unless 1 <= min <= max."""
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram (got min_ngram={min_ngram}, max_ngram={max_ngram})")
+    return max_ngram, min_ngram
+
+
 def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
     """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
     suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
@@ -100,9 +107,7 @@ class NgramDrafter:
     """
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram (got min_ngram={min_ngram}, max_ngram={max_ngram})")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram = check_ngram_range(max_ngram, min_ngram)
 
     def propose(
         self,

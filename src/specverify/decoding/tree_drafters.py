@@ -23,7 +23,7 @@ import torch
 
 import specverify
 
-from .drafters import DRAFT_SEED_OFFSET, common_prefix, pad_rows, suffix_continuations
+from .drafters import DRAFT_SEED_OFFSET, check_ngram_range, common_prefix, pad_rows, suffix_continuations
 from .model import PAD, LanguageModel
 from .params import GOLDEN, RowParams
 
@@ -114,9 +114,7 @@ class NgramTrieDrafter:
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram (got min_ngram={min_ngram}, max_ngram={max_ngram})")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram = check_ngram_range(max_ngram, min_ngram)
 
     def propose_tree(
         self,

@@ -287,7 +287,7 @@ def _load_models(args: argparse.Namespace, console):
         except MissingModel as err:
             raise UsageError(str(err)) from None
     if draft is None and args.tree is not None:
-        return target, NgramTrieDrafter(max_ngram=3, min_ngram=args.min_ngram)
+        return target, NgramTrieDrafter(min_ngram=args.min_ngram)
     if draft is None:
         return target, NgramDrafter(min_ngram=args.min_ngram)
     if draft.model.vocab_size != target.model.vocab_size:

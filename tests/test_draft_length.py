@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import numpy as np
 import pytest
 import torch
 from test_decoding import PROMPTS, SEEDS, ModelDrafter, NgramDrafter, RandomDrafter, plain, spec, target  # noqa: F401
@@ -61,8 +62,8 @@ def test_auto_gives_plain_decoding_tokens(target, drafter):  # noqa: F811
 
 
 def test_expected_tokens_is_the_sum_of_acceptance_products():
-    acceptance = torch.tensor([[0.5, 0.8, 0.9, 0.3], [1.0, 0.0, 0.5, 0.5]], dtype=torch.float64)
-    k = torch.tensor([[0, 1, 2, 3, 4, 6], [0, 1, 2, 3, 4, 6]])
+    acceptance = np.array([[0.5, 0.8, 0.9, 0.3], [1.0, 0.0, 0.5, 0.5]])
+    k = np.array([[0, 1, 2, 3, 4, 6], [0, 1, 2, 3, 4, 6]])
     for b, c in itertools.product(range(2), range(6)):
         rates = acceptance[b].tolist()
         exact, reach = 1.0, 1.0
@@ -75,9 +76,9 @@ def test_expected_tokens_is_the_sum_of_acceptance_products():
 def _policy(costs, max_k):
     policy = AdaptiveDraftLength(max_k=max_k)
     policy.costs = list(costs)
-    policy.successes = torch.zeros(1, POSITIONS, dtype=torch.float64)
-    policy.failures = torch.zeros(1, POSITIONS, dtype=torch.float64)
-    policy.first_weight = torch.ones(1, dtype=torch.float64)
+    policy.successes = np.zeros((1, POSITIONS))
+    policy.failures = np.zeros((1, POSITIONS))
+    policy.first_weight = np.ones(1)
     return policy
 
 
@@ -146,6 +147,19 @@ def test_a_probe_counts_as_a_one_token_draft():
     assert policy.successes[0, 0] == 1 and policy.failures.sum() == 0
     policy.observe([0], [0], [False], 1, 0.05, 0.05)
     assert policy.failures[0, 0] == 1
+
+
+def test_observe_counts_each_draft_position_in_its_bucket():
+    """Position j of a row's draft passed when j < accepted and failed when j == accepted < drafted; from
+    POSITIONS - 1 on positions share the last bucket; a probe is a one-token draft; counts decay per step."""
+    policy = AdaptiveDraftLength(max_k=8)
+    policy.successes, policy.failures, policy.first_weight = np.ones((5, POSITIONS)), np.ones((5, POSITIONS)), np.ones(5)
+    policy.observe([6, 3, 0, 0, 5], [6, 1, 0, 0, 4], [None, None, True, False, None], 7, 0.0, 0.0)
+    passed = [[1, 1, 1, 3], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    failed = [[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]]
+    assert policy.successes.tolist() == (0.8 + np.array(passed, dtype=float)).tolist()
+    assert policy.failures.tolist() == (0.8 + np.array(failed, dtype=float)).tolist()
+    assert policy.first_weight.tolist() == [0.8, 0.8, 0.8, 0.8, 0.8]
 
 
 def test_calibration_leaves_the_session_as_it_was(target):  # noqa: F811

@@ -324,6 +324,36 @@ def test_lookup_matches_its_definition_on_random_contexts():
         assert got == reference_lookup(context.tolist(), 5, max_ngram, min_ngram), (trial, context.tolist())
 
 
+def reference_match_length(context: list[int], max_ngram: int, min_ngram: int) -> int:
+    """The longest n in max_ngram..min_ngram whose last n tokens occurred earlier, followed by a token; 0 if none."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        if any(context[start : start + n] == context[-n:] for start in range(len(context) - n)):
+            return n
+    return 0
+
+
+def test_ngram_evidence_is_the_match_length_and_zero_exactly_when_nothing_is_proposed():
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        contexts = [torch.randint(0, 4, (int(torch.randint(1, 30, (), generator=generator)),), generator=generator).tolist()
+                    for _ in range(3)]
+        drafter = NgramDrafter(max_ngram=int(torch.randint(1, 9, (), generator=generator)))
+        evidence = drafter.evidence(contexts)
+        assert evidence == [reference_match_length(c, drafter.max_ngram, 1) for c in contexts], (trial, contexts)
+        tokens = drafter.propose(contexts, 2, params=None, seeds=None, sampled=False).tokens
+        assert [e > 0 for e in evidence] == (tokens[:, 0] != -1).tolist()
+
+
+@pytest.mark.parametrize("bad", [[1], [1, -1], [1, 2.0], [True, 1]])
+def test_a_drafter_s_bad_evidence_is_named(target, bad):
+    class Claims(NgramDrafter):
+        def evidence(self, contexts):
+            return bad
+
+    with pytest.raises(ValueError, match="the drafter's evidence must be one int >= 0 per row"):
+        spec(target, Claims(), prompts=PROMPTS[:2], params=ROW_PARAMS[:2], seed=SEEDS[:2], k="auto")
+
+
 def test_ngram_drafter_pads_ragged_proposals():
     draft = NgramDrafter().propose([[1, 2, 1, 2], [3, 4], [5, 6, 7, 5]], 3, params=None, seeds=None, sampled=False)
     assert draft.tokens.tolist() == [[1, 2, -1], [-1, -1, -1], [6, 7, 5]]

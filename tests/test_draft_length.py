@@ -36,12 +36,12 @@ class RandomSchedule:
     def begin(self, target, session, last_tokens) -> float:
         return 0.0
 
-    def choose(self, budgets):
+    def choose(self, budgets, evidence):
         ks = [int(torch.randint(0, b + 1, (1,), generator=self.generator)) for b in budgets]
         self.seen.append(ks)
         return ks
 
-    def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds) -> None:
+    def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds, evidence) -> None:
         assert width == max(drafted) + 1
 
 
@@ -76,9 +76,7 @@ def test_expected_tokens_is_the_sum_of_acceptance_products():
 def _policy(costs, max_k):
     policy = AdaptiveDraftLength(max_k=max_k)
     policy.costs = list(costs)
-    policy.successes = np.zeros((1, POSITIONS))
-    policy.failures = np.zeros((1, POSITIONS))
-    policy.first_weight = np.ones(1)
+    policy.reset(1)
     return policy
 
 
@@ -91,9 +89,9 @@ def _fail_every_draft(policy, steps: int, step_time) -> list[int]:
     measured time of a step with k draft tokens. Returns the k chosen at each step."""
     chosen = []
     for _ in range(steps):
-        (k,) = policy.choose([100])
+        (k,) = policy.choose([100], None)
         chosen.append(k)
-        policy.observe([k], [0], [False if k == 0 else None], k + 1, step_time(k), step_time(k))
+        policy.observe([k], [0], [False if k == 0 else None], k + 1, step_time(k), step_time(k), None)
     return chosen
 
 
@@ -104,8 +102,8 @@ def test_auto_stops_drafting_when_drafts_always_fail_even_if_one_more_token_is_a
     chosen = _fail_every_draft(policy, 20, NEAR_FLAT_COSTS.__getitem__)
     assert chosen[0] > 0 and chosen[-10:] == [0] * 10
     for _ in range(2):
-        policy.observe([0], [0], [True], 1, NEAR_FLAT_COSTS[0], NEAR_FLAT_COSTS[0])
-    assert policy.choose([100]) != [0]
+        policy.observe([0], [0], [True], 1, NEAR_FLAT_COSTS[0], NEAR_FLAT_COSTS[0], None)
+    assert policy.choose([100], None) != [0]
 
 
 def test_a_noisy_step_time_scales_every_width_and_does_not_reshape_the_curve():
@@ -121,12 +119,12 @@ def test_auto_drafts_nothing_when_drafts_fail_and_everything_when_they_pass():
     costs = [0.050, 0.055, 0.060, 0.085, 0.090]
     failing, passing = _policy(costs, 4), _policy(costs, 4)
     for _ in range(10):
-        failing.observe([2], [0], [None], 3, 0.06, 0.06)
-        passing.observe([4], [4], [None], 5, 0.09, 0.09)
-    assert failing.choose([10]) == [0]  # a plain step
-    assert passing.choose([10]) == [4]
-    assert passing.choose([2]) == [2]  # never past the row's budget
-    assert passing.choose([0]) == [0]
+        failing.observe([2], [0], [None], 3, 0.06, 0.06, None)
+        passing.observe([4], [4], [None], 5, 0.09, 0.09, None)
+    assert failing.choose([10], None) == [0]  # a plain step
+    assert passing.choose([10], None) == [4]
+    assert passing.choose([2], None) == [2]  # never past the row's budget
+    assert passing.choose([0], None) == [0]
 
 
 def test_auto_weighs_each_width_by_its_measured_cost():
@@ -136,30 +134,55 @@ def test_auto_weighs_each_width_by_its_measured_cost():
     policy.successes += 90.0
     policy.failures += 10.0
     rate = [sum(0.9**i for i in range(k + 1)) / c for k, c in enumerate(costs)]
-    assert policy.choose([10]) == [max(range(6), key=rate.__getitem__)] == [5]
+    assert policy.choose([10], None) == [max(range(6), key=rate.__getitem__)] == [5]
     policy.costs[5] = 0.5  # measured slower: the choice moves
-    assert policy.choose([10]) == [2]
+    assert policy.choose([10], None) == [2]
 
 
 def test_a_probe_counts_as_a_one_token_draft():
     policy = _policy([0.05, 0.06], 1)
-    policy.observe([0], [0], [True], 1, 0.05, 0.05)
-    assert policy.successes[0, 0] == 1 and policy.failures.sum() == 0
-    policy.observe([0], [0], [False], 1, 0.05, 0.05)
-    assert policy.failures[0, 0] == 1
+    policy.observe([0], [0], [True], 1, 0.05, 0.05, None)
+    assert policy.successes[0, 0, 0] == 1 and policy.failures.sum() == 0
+    policy.observe([0], [0], [False], 1, 0.05, 0.05, None)
+    assert policy.failures[0, 0, 0] == 1
 
 
 def test_observe_counts_each_draft_position_in_its_bucket():
     """Position j of a row's draft passed when j < accepted and failed when j == accepted < drafted; from
-    POSITIONS - 1 on positions share the last bucket; a probe is a one-token draft; counts decay per step."""
+    POSITIONS - 1 on positions share the last bucket; a probe is a one-token draft; only the class of a
+    row's evidence learns, and its counts decay per observation; a row that neither drafted nor probed
+    keeps its counts."""
     policy = AdaptiveDraftLength(max_k=8)
-    policy.successes, policy.failures, policy.first_weight = np.ones((5, POSITIONS)), np.ones((5, POSITIONS)), np.ones(5)
-    policy.observe([6, 3, 0, 0, 5], [6, 1, 0, 0, 4], [None, None, True, False, None], 7, 0.0, 0.0)
+    policy.reset(6)
+    policy.successes += 1.0
+    policy.failures += 1.0
+    evidence = [4, 2, 1, 7, 9, 3]
+    policy.observe([6, 3, 0, 0, 5, 0], [6, 1, 0, 0, 4, 0], [None, None, True, False, None, None], 7, 0.0, 0.0, evidence)
     passed = [[1, 1, 1, 3], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     failed = [[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]]
-    assert policy.successes.tolist() == (0.8 + np.array(passed, dtype=float)).tolist()
-    assert policy.failures.tolist() == (0.8 + np.array(failed, dtype=float)).tolist()
-    assert policy.first_weight.tolist() == [0.8, 0.8, 0.8, 0.8, 0.8]
+    for row, cls in enumerate([4, 2, 1, 4, 4]):
+        assert policy.successes[row, cls].tolist() == (0.8 + np.array(passed[row], dtype=float)).tolist()
+        assert policy.failures[row, cls].tolist() == (0.8 + np.array(failed[row], dtype=float)).tolist()
+        assert policy.first_weight[row, cls] == 0.8
+        others = [c for c in range(policy.successes.shape[1]) if c != cls]
+        assert (policy.successes[row, others] == 1).all() and (policy.first_weight[row, others] == 1).all()
+    assert (policy.successes[5] == 1).all() and (policy.failures[5] == 1).all() and (policy.first_weight[5] == 1).all()
+
+
+def test_auto_drafts_by_the_acceptance_of_the_draft_s_evidence_class():
+    """Short n-gram matches that fail and long ones that pass, in one row: the policy drafts after a long
+    match and not after a short one, and a row whose drafter has nothing (evidence 0) drafts nothing."""
+    costs = [0.020, 0.0276, 0.0347, 0.0437, 0.050]  # llama.cpp, Q4_1, widths 1-5: a drafted token costs 38%
+    policy = _policy(costs, 4)
+    for _ in range(10):
+        policy.observe([1], [0], [None], 2, 0.0276, 0.0276, [1])
+        policy.observe([4], [4], [None], 5, 0.050, 0.050, [6])
+    assert policy.choose([10], [1]) == [0]
+    assert policy.choose([10], [5]) == [4]
+    assert policy.choose([10], [0]) == [0]
+    before = policy.successes.copy()
+    policy.observe([0], [0], [None], 1, 0.02, 0.02, [0])  # no draft, no probe: nothing learnt
+    assert (policy.successes == before).all()
 
 
 def test_calibration_leaves_the_session_as_it_was(target):  # noqa: F811
@@ -184,7 +207,7 @@ def test_bad_k_names_itself(target, bad):  # noqa: F811
 def test_fixed_policy_and_names():
     assert isinstance(draft_length_policy(3), FixedDraftLength)
     assert isinstance(draft_length_policy("auto"), AdaptiveDraftLength)
-    assert FixedDraftLength(3).choose([5, 1, 0]) == [3, 1, 0]
+    assert FixedDraftLength(3).choose([5, 1, 0], None) == [3, 1, 0]
     with pytest.raises(ValueError, match="max_k must be an int >= 1"):
         AdaptiveDraftLength(max_k=0)
 

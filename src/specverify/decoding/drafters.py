@@ -3,6 +3,10 @@
 A drafter sees each row's whole context (prompt and generated tokens) and proposes up to k next tokens
 per row, padded with -1 (ragged). It may be stateful (a draft model keeps a KV cache), but it must not
 assume that its previous proposal was accepted: it is handed the committed context every time.
+
+A drafter may also say, before it drafts, how much support each row's next draft has (`evidence`, in
+its own units, 0 when it has nothing to propose); the adaptive draft length then keeps an acceptance
+rate per evidence class (see `draft_length`). The n-gram drafter's evidence is its match length.
 """
 
 from __future__ import annotations
@@ -48,6 +52,18 @@ class Drafter(Protocol):
         ...
 
 
+def drafter_evidence(drafter: Drafter, contexts: Sequence[Sequence[int]]) -> list[int] | None:
+    """The drafter's `evidence(contexts)` for each row's next draft (an int >= 0; 0: it will propose
+    nothing), or None for a drafter that gives none."""
+    evidence = getattr(drafter, "evidence", None)
+    if evidence is None:
+        return None
+    values = list(evidence(contexts))
+    if len(values) != len(contexts) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"the drafter's evidence must be one int >= 0 per row (got {values!r:.80})")
+    return values
+
+
 def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.Tensor:
     """Right-pad token lists with -1 -> int64 [len(rows), width (default: the longest)]."""
     width = max((len(r) for r in rows), default=0) if width is None else width
@@ -57,10 +73,11 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.T
     return out
 
 
-def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) -> torch.Tensor:
-    """Where the continuations of the longest recurring suffix start: the index after each earlier
-    occurrence of the longest suffix of context (max_ngram down to min_ngram tokens) that occurred before.
-    context: int64 [L] -> int64 [M], ascending (the most recent last; empty when no suffix recurs).
+def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) -> tuple[int, torch.Tensor]:
+    """The longest suffix of context (max_ngram down to min_ngram tokens) that occurred before, and where
+    its continuations start (the index after each earlier occurrence).
+    context: int64 [L] -> (its length, 0 when no suffix recurs; int64 [M], ascending: the most recent last,
+    empty when none recurs).
 
     One pass over the context: for every earlier end position i (each followed by a token), how many of
     the context's last tokens match the tokens ending at i (up to max_ngram); the longest match wins.
@@ -68,14 +85,14 @@ def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) 
     length = context.shape[0]
     n = min(max_ngram, length - 1)
     if n < min_ngram:
-        return context[:0]
+        return 0, context[:0]
     padded = torch.cat([context.new_full((n - 1,), PAD), context[:-1]])  # PAD never equals a token id
     windows = padded.unfold(0, n, 1)  # [L-1, n]: window i ends at context[i]
     matched = (windows == context[-n:]).flip(1).cumprod(1).sum(1)  # [L-1]: suffix tokens matched at i
     best = int(matched.max())
     if best < min_ngram:
-        return context[:0]
-    return (matched == best).nonzero()[:, 0] + 1
+        return 0, context[:0]
+    return best, (matched == best).nonzero()[:, 0] + 1
 
 
 def check_ngram_range(max_ngram: int, min_ngram: int) -> tuple[int, int]:
@@ -89,7 +106,7 @@ def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram
     """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
     suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
     int64 [<= k] (empty when no suffix recurs)."""
-    starts = suffix_continuations(context, max_ngram, min_ngram)
+    _, starts = suffix_continuations(context, max_ngram, min_ngram)
     if not starts.numel():
         return context[:0]
     start = int(starts[-1])
@@ -104,10 +121,18 @@ class NgramDrafter:
     and 5 to 16 gave 6; elsewhere the same); min_ngram: the shortest.
 
     Deterministic, so in "sampled" mode its draft is the one-hot distribution on each proposed token.
+    Its evidence for a row is the length of that suffix (0: none recurs, no draft).
     """
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = check_ngram_range(max_ngram, min_ngram)
+
+    def evidence(self, contexts: Sequence[Sequence[int]]) -> list[int]:
+        """Per context, the length of its longest suffix that recurred (0 when none: no draft)."""
+        return [
+            suffix_continuations(torch.as_tensor(list(c), dtype=torch.int64), self.max_ngram, self.min_ngram)[0]
+            for c in contexts
+        ]
 
     def propose(
         self,

@@ -34,7 +34,7 @@ import llama_cpp
 import numpy as np
 import torch
 
-from .model import PAD, ContextOverflow, check_extension, check_truncation
+from .model import PAD, ContextOverflow, check_truncation, real_token_rows
 
 #: A row's context when the caller gives none: the model's training context, at most this many tokens
 #: (its KV cells are allocated when a session starts: SmolLM2-135M, 8192 cells, ~190 MB per row).
@@ -175,12 +175,11 @@ class LlamaCppSession:
     def extend(self, tokens: torch.Tensor, *, return_logits: bool = True) -> torch.Tensor | None:
         """tokens: int64 [B, T], -1 right padding -> logits float32 [B, T, V] (zero at padding) or None.
 
-        After the shared checks the batch is laid out in Python lists: a one-token step runs a few torch
-        ops instead of a dozen (each costs tens of µs on the caches a llama.cpp forward has just evicted).
+        The batch is checked and laid out in Python lists: a one-token step runs a few torch ops instead
+        of a dozen (each costs tens of µs on the caches a llama.cpp forward has just evicted).
         """
         tokens = tokens.to("cpu")
-        check_extension(tokens, self._batch_size)
-        rows = [[t for t in row if t != PAD] for row in tokens.tolist()]
+        rows = real_token_rows(tokens, self._batch_size)
         vocab = self._owner.vocab_size
         largest = max((max(row) for row in rows if row), default=-1)
         if largest >= vocab:

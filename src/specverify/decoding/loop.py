@@ -20,7 +20,7 @@ import torch
 import specverify
 
 from .draft_length import DraftLength, draft_length_policy
-from .drafters import Drafter, pad_rows
+from .drafters import Drafter, drafter_evidence, pad_rows
 from .grammar import Grammar, GrammarMatchers, grammar_rows
 from .model import PAD, LanguageModel, Session, check_context
 from .params import RowParams, SamplingParams, base_seeds, row_params
@@ -324,7 +324,8 @@ def speculative_generate(
     while any(requests.active):
         step_start = time.perf_counter()
         seeds = requests.seeds()
-        lengths = torch.tensor(policy.choose(requests.draft_budgets()), dtype=torch.int64)
+        evidence = drafter_evidence(drafter, requests.contexts)
+        lengths = torch.tensor(policy.choose(requests.draft_budgets(), evidence), dtype=torch.int64)
         probing = policy.probes and any(a and n == 0 for a, n in zip(requests.active, lengths.tolist()))
         draft = drafter.propose(
             requests.contexts, max(int(lengths.max()), int(probing)), params=rows, seeds=seeds, sampled=sampled
@@ -361,7 +362,7 @@ def speculative_generate(
         session.truncate(before + torch.tensor([len(t) for t in kept]))
         hits = [None if p is None else t[:1] == [p] for p, t in zip(probes or [None] * len(kept), kept)]
         policy.observe(
-            drafted, first, hits, drafts.shape[1] + 1, forward_seconds, time.perf_counter() - step_start
+            drafted, first, hits, drafts.shape[1] + 1, forward_seconds, time.perf_counter() - step_start, evidence
         )
     return _finish(result, matchers, start)
 

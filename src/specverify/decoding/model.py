@@ -95,18 +95,32 @@ def check_context(model: LanguageModel, prompts, max_tokens: Sequence[int]) -> N
             )
 
 
-def check_extension(tokens: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Validate `Session.extend` input: int [B, T], -1 only as right padding. Returns the real-token mask [B, T]."""
+def real_token_rows(tokens: torch.Tensor, batch_size: int) -> list[list[int]]:
+    """Validate `Session.extend` input, int [B, T] with -1 only as right padding -> each row's real tokens.
+
+    The rules are checked on the host lists (a one-token step is a handful of Python operations, not
+    several tensor ops)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dim() != 2:
         raise TypeError(f"tokens must be an integer tensor [B, T] (got {tokens!r:.80})")
     if tokens.shape[0] != batch_size:
         raise ValueError(f"tokens must have B = {batch_size} rows (got {tokens.shape[0]})")
-    real = tokens != PAD
-    if (tokens < PAD).any():
-        raise ValueError(f"tokens must be ids >= 0 or -1 padding (got {int(tokens.min())})")
-    if (real[:, 1:] & ~real[:, :-1]).any():
-        raise ValueError("tokens may hold -1 only as right padding (a real token follows a -1)")
-    return real
+    values = tokens.tolist()
+    smallest = min((min(row) for row in values if row), default=PAD)
+    if smallest < PAD:
+        raise ValueError(f"tokens must be ids >= 0 or -1 padding (got {smallest})")
+    rows = []
+    for row in values:
+        real = row.index(PAD) if PAD in row else len(row)
+        if any(t != PAD for t in row[real:]):
+            raise ValueError("tokens may hold -1 only as right padding (a real token follows a -1)")
+        rows.append(row[:real])
+    return rows
+
+
+def check_extension(tokens: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Validate `Session.extend` input (`real_token_rows`). Returns the real-token mask bool [B, T]."""
+    real_token_rows(tokens, batch_size)
+    return tokens != PAD
 
 
 def check_truncation(lengths: torch.Tensor, current: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,7 @@ POSITIONS = 4
 #: policy kept drafting one failing token a step (chat at T = 0.7: 0.94-0.95x plain).
 PRIOR = 1.0
 #: The prior acceptance rate of draft position 0, before a row has been observed.
-FIRST_PRIOR = 0.5
+FIRST_PRIOR = 0.3
 #: Evidence classes: class 0 for a drafter that gives no evidence, class min(e, EVIDENCE_CLASSES - 1)
 #: for evidence e >= 1 (n-gram: matches of 1, 2, 3 and 4 or more tokens).
 EVIDENCE_CLASSES = 5

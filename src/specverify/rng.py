@@ -23,6 +23,9 @@ STREAM_SIBLING = 3
 ROW_STRIDE = 0x9E3779B97F4A7C15
 
 _MASK64 = (1 << 64) - 1
+#: Up to this many keys on the CPU, keyed_uniform_read mixes them as Python ints (one read, one write):
+#: the same bits as the ~20 torch ops of keyed_uniform, which cost more at such sizes.
+HOST_KEYS = 64
 _MIX_1 = 0xBF58476D1CE4E5B9
 _MIX_2 = 0x94D049BB133111EB
 _STREAM_SALT = 0xD1B54A32D192ED03
@@ -82,6 +85,17 @@ def keyed_uniform(keys: torch.Tensor, stream: int) -> torch.Tensor:
         raise ValueError(f"stream must be an int >= 0 (got {stream})")
     bits = keyed_bits(keys.to(torch.int64), stream)
     return _shift_right_logical(bits, 11).to(torch.float64) * 2.0**-53
+
+
+def keyed_uniform_read(keys: torch.Tensor, stream: int) -> torch.Tensor:
+    """keyed_uniform for callers that may read the keys to the host (calls that check values): a small CPU
+    tensor of keys (<= HOST_KEYS) is read once and mixed as Python ints, the same values bit for bit.
+    keys: int64 [...] (checked keys, a checked stream) -> float64 [...]."""
+    if keys.device.type != "cpu" or keys.numel() > HOST_KEYS:
+        return keyed_uniform(keys, stream)
+    salt = _mix64_int(stream + _STREAM_SALT)
+    values = [(_mix64_int(_mix64_int(key) ^ salt) >> 11) * 2.0**-53 for key in keys.reshape(-1).tolist()]
+    return torch.tensor(values, dtype=torch.float64).view(keys.shape)
 
 
 def row_keys(seed: torch.Tensor, num_positions: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .categorical import block_size, block_sums, sample_from_weights
-from .rng import STREAM_TARGET, keyed_uniform, per_row_seeds
+from .rng import STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds
 from .selection import largest_reaching_threshold
 
 #: Rows with temperature below this are greedy (SPEC §3.3).
@@ -143,7 +143,7 @@ def _prepare(
     masked = logits if token_bitmask is None else apply_bitmask(logits, token_bitmask)
     if validate:
         checks.check_finite_logits("logits", logits, some_finite=token_bitmask is None)
-        checks.check_sampling_values(temperature, top_k, top_p, min_p)
+        checks.check_sampling_values(temperature, top_k, top_p, min_p, checks.host_values(temperature, top_k, top_p, min_p))
         if token_bitmask is not None:
             checks.check_some_allowed("token_bitmask", masked)
     return masked, temperature, top_k, top_p, min_p
@@ -243,4 +243,4 @@ def sample(
     seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
     seeds = per_row_seeds(seed, shared, rows, masked.device)
     weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    return sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)
+    return sample_from_weights(weights, (keyed_uniform_read if validate else keyed_uniform)(seeds, STREAM_TARGET), sums)

@@ -12,7 +12,10 @@ import torch
 
 import specverify as sv
 from specverify import checks
-from specverify.rng import HOST_KEYS, keyed_uniform, keyed_uniform_read
+from specverify.rng import (
+    HOST_KEYS, keyed_uniform, keyed_uniform_read, per_row_seeds, row_keys, row_seeds_read, row_uniforms_read,
+)
+from specverify.truncation import GREEDY_TEMPERATURE, is_greedy, is_greedy_value
 from conftest import outputs_equal
 
 EXTREME_KEYS = [0, 1, -1, 2**63 - 1, -(2**63), 0x9E3779B97F4A7C15 - 2**64, 12345678901234567]
@@ -30,6 +33,46 @@ def test_keys_mixed_on_the_host_give_the_tensor_path_bits(shape, dtype):
         expected, got = keyed_uniform(keys, stream), keyed_uniform_read(keys, stream)
         assert got.dtype == torch.float64 and got.shape == expected.shape
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_seeds_and_uniforms_read_to_the_host_are_those_of_the_tensor_path(shared):
+    g = torch.Generator().manual_seed(11)
+    for rows in (1, 3, 8) if shared else (2, 3, 8):  # a [1] tensor seed is shared
+        if shared:
+            seeds = [0, -1, 2**64 - 1, 2**63, 12345, torch.tensor(-5), torch.tensor([2**62])]
+        else:
+            seeds = [torch.randint(-(2**63), 2**63 - 1, (rows,), generator=g)]
+            seeds[0][0] = 2**63 - 1
+        for seed in seeds:
+            checked, is_shared = checks.check_seed(seed, rows, torch.device("cpu"))
+            assert is_shared == shared
+            expected = per_row_seeds(checked, is_shared, rows, torch.device("cpu"))
+            assert row_seeds_read(checked, is_shared, rows) == expected.tolist()
+            for positions, stream in ((1, 0), (5, 0), (3, 2)):
+                uniforms = keyed_uniform(row_keys(expected, positions), stream).reshape(-1)
+                assert torch.equal(torch.tensor(row_uniforms_read(expected.tolist(), positions, stream), dtype=torch.float64), uniforms)
+
+
+def test_greedy_read_on_the_host_compares_in_float32_as_torch_does():
+    edge = torch.tensor(GREEDY_TEMPERATURE, dtype=torch.float32)
+    values = torch.stack([
+        edge, torch.nextafter(edge, torch.tensor(0.0)), torch.nextafter(edge, torch.tensor(1.0)), torch.tensor(0.0),
+        torch.tensor(-0.0), torch.tensor(1e-5 * 0.999999), torch.tensor(1e-5 * 1.000001), torch.tensor(0.7),
+    ]).to(torch.float32)  # fmt: skip
+    assert [is_greedy_value(t) for t in values.tolist()] == is_greedy(values).tolist()
+    assert is_greedy(values).tolist()[:3] == [False, True, False]
+
+
+def test_draft_ids_read_to_the_host_raise_what_the_tensor_check_raises():
+    g = torch.Generator().manual_seed(5)
+    for _ in range(40):
+        draft = torch.randint(-1, 20, (3, 4), generator=g)
+        for _ in range(int(torch.randint(0, 3, (), generator=g))):
+            row, position = (int(i) for i in torch.randint(0, 3, (2,), generator=g))
+            draft[row, position] = int(torch.tensor([-2, -7, 20, 99])[torch.randint(0, 4, (), generator=g)])
+        expected = _outcome(lambda: checks.check_draft_ids(draft, 20))
+        assert _outcome(lambda: checks.check_draft_ids(draft, 20, values=draft.tolist())) == expected
 
 
 def _outcome(call):
@@ -99,6 +142,7 @@ def _random_call(g: torch.Generator, batch: int, positions: int, vocab: int, mod
     )
     cut = torch.randint(0, positions + 1, (batch, 1), generator=g)  # ragged: -1 from a row's cut onward
     draft = torch.where(torch.arange(positions) >= cut, -1, draft)
+    draft = torch.where(torch.rand(batch, positions, generator=g) < 0.15, -1, draft)  # holes: a row ends at its first -1
     args = dict(
         draft_tokens=draft.to(torch.int32 if batch % 2 else torch.int64),
         target_logits=logits,
@@ -126,7 +170,7 @@ def _random_call(g: torch.Generator, batch: int, positions: int, vocab: int, mod
 @pytest.mark.parametrize("mode", ["argmax", "bitmask", "sampled", "relaxed"])
 def test_validating_calls_give_the_outputs_of_calls_that_read_nothing_back(mode):
     g = torch.Generator().manual_seed(7)
-    for batch in (1, 2, 3, 6, 9):
+    for batch in (1, 2, 3, 6, 9, 13):  # 13 rows of K = 4: past HOST_KEYS, the tensor path
         for positions in (0, 1, 4):
             args = _random_call(g, batch, positions, 50, mode)
             snapshot = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}

@@ -136,7 +136,7 @@ def host_values(*params: torch.Tensor | None) -> tuple[list | None, ...] | None:
     """The given per-row tensors [B] as Python lists (None stays None), where the value checks read them to
     the host (CPU tensors, B <= HOST_ROWS); None otherwise."""
     present = [p for p in params if p is not None]
-    if any(p.device.type != "cpu" or p.shape[0] > HOST_ROWS for p in present):
+    if any(not p.is_cpu or p.shape[0] > HOST_ROWS for p in present):
         return None
     return tuple(None if p is None else p.tolist() for p in params)
 
@@ -160,15 +160,24 @@ def check_sampling_values(
                 _raise_row(name, rule, value, row)
 
 
-def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int, second: str = "position") -> None:
-    """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node")."""
+def check_draft_ids(
+    draft_tokens: torch.Tensor, vocab_size: int, second: str = "position", values: list[list[int]] | None = None
+) -> None:
+    """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node").
+    values: draft_tokens read to the host (`tolist()`), checked in Python instead of by torch ops."""
+    if values is not None:
+        bad = [(row, position) for row, ids in enumerate(values) for position, i in enumerate(ids) if not -1 <= i < vocab_size]
+        if bad:
+            _raise_draft_id(vocab_size, values[bad[0][0]][bad[0][1]], *bad[0], second)
+        return
     bad = (draft_tokens < -1) | (draft_tokens >= vocab_size)
     if bool(bad.any()):
         row, position = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"draft_tokens must be in [-1, {vocab_size}) (got {int(draft_tokens[row, position])} "
-            f"at row {row}, {second} {position})"
-        )
+        _raise_draft_id(vocab_size, int(draft_tokens[row, position]), row, position, second)
+
+
+def _raise_draft_id(vocab_size: int, value: int, row: int, position: int, second: str) -> None:
+    raise ValueError(f"draft_tokens must be in [-1, {vocab_size}) (got {value} at row {row}, {second} {position})")
 
 
 def _where(index: list[int], second: str = "position") -> str:
@@ -191,14 +200,28 @@ def _scan_logits(logits: torch.Tensor, in_use: torch.Tensor | None) -> tuple[tor
     reference takes one max reduction (it propagates NaN and +inf)."""
     shape, vocab = logits.shape[:-1], logits.shape[-1]
     if logits.numel() and kernels.accelerated(logits):
-        flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1)).view(shape)
-        if in_use is None and bool((flags == kernels.HOLDS_ABOVE_MINUS_INF).all()):
+        flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1))
+        if in_use is None and _all_clear(flags):
             return None
+        flags = flags.view(shape)
         bad, empty = (flags & kernels.HOLDS_NAN_OR_INF) != 0, (flags & kernels.HOLDS_ABOVE_MINUS_INF) == 0
     else:
         top = logits.amax(-1)
         bad, empty = torch.isnan(top) | (top == float("inf")), top == float("-inf")
     return _in_use(bad, in_use), _in_use(empty, in_use)
+
+
+def _all_clear(flags: torch.Tensor) -> bool:
+    """Whether every scanned row holds nothing but finite values and -inf, and some finite value. flags:
+    uint8 [N] of kernels.scan_rows, read to the host for up to HOST_FLAGS rows (one op where a comparison
+    and a reduction cost three)."""
+    if flags.numel() <= HOST_FLAGS:
+        return all(flag == kernels.HOLDS_ABOVE_MINUS_INF for flag in flags.tolist())
+    return bool((flags == kernels.HOLDS_ABOVE_MINUS_INF).all())
+
+
+#: Up to this many scanned rows, their flags are read to the host at once (_all_clear).
+HOST_FLAGS = 4096
 
 
 def check_finite_logits(

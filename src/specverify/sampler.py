@@ -17,11 +17,13 @@ from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
 from .rng import (
-    STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds, row_keys, seed_tensor,
+    HOST_KEYS, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds,
+    row_keys, seed_tensor,
 )
-from .truncation import greedy_tokens, is_greedy, truncated_weights
+from .truncation import greedy_tokens, is_greedy, keyed_draws_read, truncated_weights
 from .verdicts import (
-    argmax_verdict, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict, whole_call_verdicts,
+    argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict,
+    whole_call_verdicts,
 )
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
@@ -185,11 +187,17 @@ def stochastic_acceptance_sampler(
     max_k = _check_max_k(_hint("max_k", max_k, validate, int), top_k_values, vocab, validate)
     needs_top_p = _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p_values, validate)
 
+    # a small argmax-mode call on the CPU that checks values is judged on the host (_verify_read)
+    on_host = (
+        host is not None and in_thinking_phase is None and draft_proposal == "argmax"
+        and batch * (positions + 1) <= HOST_KEYS
+    )  # fmt: skip
+    draft_values = draft_tokens.tolist() if on_host else None
     masked = None
     if validate:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
         if draft_tokens.numel():
-            checks.check_draft_ids(draft_tokens, vocab)
+            checks.check_draft_ids(draft_tokens, vocab, values=draft_values)
         checks.check_finite_logits("target_logits", logits, some_finite=token_bitmasks is None)
         checks.check_sampling_values(temperature, top_k, top_p, min_p, host)
         if draft_probs_full is not None:
@@ -203,6 +211,8 @@ def stochastic_acceptance_sampler(
         )
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
+    if on_host:
+        return _verify_read(draft_values, masked, host, (seed, shared_seed), max_k, needs_top_p)
     if validate:
         greedy = is_greedy(temperature).tolist()
         thinking = [False] * batch if in_thinking_phase is None else in_thinking_phase.tolist()
@@ -223,6 +233,31 @@ def stochastic_acceptance_sampler(
         in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
     )
     return first, recovered, bonus
+
+
+def _verify_read(
+    draft: list[list[int]],
+    masked: torch.Tensor,
+    host: tuple[list, list, list, list | None],
+    seed: tuple[int | torch.Tensor, bool],
+    max_k: int | None,
+    use_top_p: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdicts of a small argmax-mode batch on the CPU with its values read to the host (a checking
+    call): the outputs of _verify bit for bit, with the bookkeeping on Python lists, since at such sizes the
+    fixed cost of each torch op, not the vocabulary pass, is what a call costs. draft: B lists of K checked
+    ids (-1: none); masked: [B, K+1, V] CPU; host: the rows' temperature, top_k, top_p, min_p as lists;
+    seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
+    greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
+    batch, per_position, vocab = masked.shape
+    target = keyed_draws_read(masked.reshape(-1, vocab), host, seed, per_position, max_k, use_top_p)
+    rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
+    first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
+    return (
+        torch.tensor(first, dtype=torch.int64),
+        torch.tensor(recovered, dtype=torch.int64).view(batch, per_position - 1),
+        torch.tensor(bonus, dtype=torch.int64).view(batch, 1),
+    )
 
 
 def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -167,7 +167,7 @@ def _readable(values: torch.Tensor) -> tuple[torch.Tensor, int]:
     """values, contiguous and in a dtype the kernels read, with that dtype's code."""
     if values.dtype not in DTYPES:
         values = values.to(torch.float32)
-    return values.contiguous(), DTYPES[values.dtype]
+    return values if values.is_contiguous() else values.contiguous(), DTYPES[values.dtype]
 
 
 def weigh_rows(

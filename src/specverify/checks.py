@@ -334,7 +334,7 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
         check_same_device({"seed": seed}, device, "the logits")
         seed = seed if seed.dtype == torch.int64 else seed.to(torch.int64)
         if seed.dim() == 0 or tuple(seed.shape) == (1,):
-            return seed.reshape(()), True
+            return seed.view(()), True  # (one element: always a view)
         if tuple(seed.shape) != (rows,):
             raise ValueError(
                 f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "

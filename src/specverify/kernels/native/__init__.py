@@ -143,9 +143,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 def _split_rows(rows: int, run) -> None:
     """Call run(start, stop) on slices of the rows, in parallel over torch's thread count (once over all
     rows where the kernels spread their rows over OpenMP threads themselves)."""
-    slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
-    if load().specverify_threads_itself:
-        slices = 1
+    slices = 1  # (few rows, or OpenMP threads: torch's thread count is not asked, a cost at small batches)
+    if rows >= 2 * MIN_ROWS_PER_THREAD and not load().specverify_threads_itself:
+        slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
     bounds = [rows * s // slices for s in range(slices + 1)]
     if slices == 1:
         run(0, rows)

@@ -212,7 +212,8 @@ def stochastic_acceptance_sampler(
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
     if on_host:
-        return _verify_read(draft_values, masked, host, (seed, shared_seed), max_k, needs_top_p)
+        params = (temperature, top_k, top_p, min_p)
+        return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed), max_k, needs_top_p)
     if validate:
         greedy = is_greedy(temperature).tolist()
         thinking = [False] * batch if in_thinking_phase is None else in_thinking_phase.tolist()
@@ -238,7 +239,8 @@ def stochastic_acceptance_sampler(
 def _verify_read(
     draft: list[list[int]],
     masked: torch.Tensor,
-    host: tuple[list, list, list, list | None],
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    temperatures: list[float],
     seed: tuple[int | torch.Tensor, bool],
     max_k: int | None,
     use_top_p: bool,
@@ -246,11 +248,11 @@ def _verify_read(
     """The verdicts of a small argmax-mode batch on the CPU with its values read to the host (a checking
     call): the outputs of _verify bit for bit, with the bookkeeping on Python lists, since at such sizes the
     fixed cost of each torch op, not the vocabulary pass, is what a call costs. draft: B lists of K checked
-    ids (-1: none); masked: [B, K+1, V] CPU; host: the rows' temperature, top_k, top_p, min_p as lists;
-    seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
+    ids (-1: none); masked: [B, K+1, V] CPU; params: the rows' checked temperature, top_k, top_p, min_p
+    [B]; temperatures: the temperatures as a list; seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
     greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
     batch, per_position, vocab = masked.shape
-    target = keyed_draws_read(masked.reshape(-1, vocab), host, seed, per_position, max_k, use_top_p)
+    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position, max_k, use_top_p)
     rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
     first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
     return (

@@ -230,7 +230,8 @@ def truncated_probs(
 
 def keyed_draws_read(
     masked_logits: torch.Tensor,
-    host: tuple[list, list, list, list | None],
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    temperatures: list[float],
     seed: tuple[int | torch.Tensor, bool],
     per_position: int = 1,
     max_k: int | None = None,
@@ -239,22 +240,17 @@ def keyed_draws_read(
     """The keyed draws from p~ of a small batch on the CPU whose values were read to the host (a checking
     call): the tokens `sample`, and the verifier in argmax mode, commit, with the bookkeeping on Python
     lists (at such sizes each torch op costs more than the rows). masked_logits: [N, V] CPU, N = B *
-    per_position, row n = b * per_position + j keyed by s_b + j (STREAM_TARGET); host: the B requests'
-    temperature, top_k, top_p, min_p as lists; seed: the checked seed and whether it is shared; max_k,
-    use_top_p: truncated_weights' hints. -> N token ids. An all-greedy batch takes one argmax per row (what
-    its one-hot p~ commits); else every row goes through truncated_weights and one draw."""
-    temperature, top_k, top_p, min_p = host
-    if all(is_greedy_value(t) for t in temperature):
+    per_position, row n = b * per_position + j keyed by s_b + j (STREAM_TARGET); params: the B requests'
+    checked temperature, top_k, top_p, min_p [B]; temperatures: the temperatures as a list; seed: the
+    checked seed and whether it is shared; max_k, use_top_p: truncated_weights' hints. -> N token ids.
+    An all-greedy batch takes one argmax per row (what its one-hot p~ commits); else every row goes through
+    truncated_weights and one draw."""
+    if all(is_greedy_value(t) for t in temperatures):
         return greedy_tokens(masked_logits).tolist()
-
-    def repeated(values: list | None, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if values is None else torch.tensor([v for v in values for _ in range(per_position)], dtype=dtype)
-
-    weights, sums = truncated_weights(
-        masked_logits, repeated(temperature, torch.float32), repeated(top_k, torch.int64),
-        repeated(top_p, torch.float32), repeated(min_p, torch.float32), max_k=max_k, use_top_p=use_top_p,
-    )  # fmt: skip
-    uniforms = row_uniforms_read(row_seeds_read(*seed, len(temperature)), per_position, STREAM_TARGET)
+    if per_position > 1:
+        params = tuple(None if p is None else p.repeat_interleave(per_position) for p in params)
+    weights, sums = truncated_weights(masked_logits, *params, max_k=max_k, use_top_p=use_top_p)
+    uniforms = row_uniforms_read(row_seeds_read(*seed, len(temperatures)), per_position, STREAM_TARGET)
     return sample_from_weights(weights, torch.tensor(uniforms, dtype=torch.float64), sums).tolist()
 
 
@@ -283,7 +279,8 @@ def sample(
     rows = masked.shape[0]
     seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
     if host is not None and rows <= HOST_KEYS:
-        return torch.tensor(keyed_draws_read(masked, host, (seed, shared)), dtype=torch.int64)
+        draws = keyed_draws_read(masked, (temperature, top_k, top_p, min_p), host[0], (seed, shared))
+        return torch.tensor(draws, dtype=torch.int64)
     seeds = per_row_seeds(seed, shared, rows, masked.device)
     weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
     return sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)

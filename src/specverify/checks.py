@@ -111,38 +111,73 @@ def check_rows(name: str, bad: torch.Tensor, values: torch.Tensor, rule: str) ->
     """Raise for the first row where `bad` holds. bad: bool [B]; values: [B] (value check)."""
     if bool(bad.any()):
         row = _first_row(bad)
-        raise ValueError(f"{name} must be {rule} (got {values.reshape(-1)[row].item()} at row {row})")
+        _raise_row(name, rule, values.reshape(-1)[row].item(), row)
 
 
-def check_temperature(temperature: torch.Tensor) -> None:
-    """Finite and >= 0 (value check). temperature: float [B]."""
-    check_rows("temperature", ~torch.isfinite(temperature) | (temperature < 0), temperature, "finite and >= 0")
+def _raise_row(name: str, rule: str, value: object, row: int) -> None:
+    raise ValueError(f"{name} must be {rule} (got {value} at row {row})")
 
 
-def check_top_k(top_k: torch.Tensor) -> None:
-    """>= -1, where 0 and -1 mean no limit (value check). top_k: int [B]."""
-    check_rows("top_k", top_k < -1, top_k, ">= -1 (0 or -1 means no limit)")
+#: The value rule of each per-row sampling parameter (SPEC §6), in the order they are checked: its name,
+#: the rule in words, and the test of a bad value on a tensor and on a Python number (NaN is bad in both).
+ROW_RULES = (
+    ("temperature", "finite and >= 0", lambda t: ~torch.isfinite(t) | (t < 0), lambda t: not 0 <= t < math.inf),
+    ("top_k", ">= -1 (0 or -1 means no limit)", lambda k: k < -1, lambda k: k < -1),
+    ("top_p", "in (0, 1]", lambda p: ~((p > 0) & (p <= 1)), lambda p: not 0 < p <= 1),
+    ("min_p", "in [0, 1]", lambda m: ~((m >= 0) & (m <= 1)), lambda m: not 0 <= m <= 1),
+)
+
+#: Up to this many rows on the CPU, the per-row parameters are read to the host once (a list per tensor)
+#: and their value rules checked there: a torch op per rule costs more than the rules at such sizes.
+HOST_ROWS = 256
 
 
-def check_top_p(top_p: torch.Tensor) -> None:
-    """In (0, 1] (value check). top_p: float [B]."""
-    check_rows("top_p", ~((top_p > 0) & (top_p <= 1)), top_p, "in (0, 1]")
+def host_values(*params: torch.Tensor | None) -> tuple[list | None, ...] | None:
+    """The given per-row tensors [B] as Python lists (None stays None), where the value checks read them to
+    the host (CPU tensors, B <= HOST_ROWS); None otherwise."""
+    present = [p for p in params if p is not None]
+    if any(not p.is_cpu or p.shape[0] > HOST_ROWS for p in present):
+        return None
+    return tuple(None if p is None else p.tolist() for p in params)
 
 
-def check_min_p(min_p: torch.Tensor) -> None:
-    """In [0, 1] (value check). min_p: float [B]."""
-    check_rows("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "in [0, 1]")
+def check_sampling_values(
+    temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None,
+    host: tuple[list, list, list, list | None] | None = None,
+) -> None:  # fmt: skip
+    """The value rules of the per-row sampling parameters (value checks), in the order of ROW_RULES.
+
+    host: the same parameters as lists (`host_values`), checked in Python instead of by torch ops."""
+    tensors = (temperature, top_k, top_p, min_p)
+    for index, (name, rule, bad_tensor, bad_number) in enumerate(ROW_RULES):
+        if tensors[index] is None:
+            continue
+        if host is None:
+            check_rows(name, bad_tensor(tensors[index]), tensors[index], rule)
+            continue
+        for row, value in enumerate(host[index]):
+            if bad_number(value):
+                _raise_row(name, rule, value, row)
 
 
-def check_draft_ids(draft_tokens: torch.Tensor, vocab_size: int, second: str = "position") -> None:
-    """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node")."""
+def check_draft_ids(
+    draft_tokens: torch.Tensor, vocab_size: int, second: str = "position", values: list[list[int]] | None = None
+) -> None:
+    """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node").
+    values: draft_tokens read to the host (`tolist()`), checked in Python instead of by torch ops."""
+    if values is not None:
+        bad = [(row, position) for row, ids in enumerate(values) for position, i in enumerate(ids) if not -1 <= i < vocab_size]
+        if bad:
+            _raise_draft_id(vocab_size, values[bad[0][0]][bad[0][1]], *bad[0], second)
+        return
     bad = (draft_tokens < -1) | (draft_tokens >= vocab_size)
     if bool(bad.any()):
         row, position = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"draft_tokens must be in [-1, {vocab_size}) (got {int(draft_tokens[row, position])} "
-            f"at row {row}, {second} {position})"
-        )
+        _raise_draft_id(vocab_size, int(draft_tokens[row, position]), row, position, second)
+
+
+def _raise_draft_id(vocab_size: int, value: int, row: int, position: int, second: str) -> None:
+    raise ValueError(f"draft_tokens must be in [-1, {vocab_size}) (got {value} at row {row}, {second} {position})")
 
 
 def _where(index: list[int], second: str = "position") -> str:
@@ -157,19 +192,36 @@ def _in_use(bad: torch.Tensor, in_use: torch.Tensor | None) -> torch.Tensor:
     return bad if in_use is None else bad & in_use.view(*in_use.shape, *[1] * (bad.dim() - in_use.dim()))
 
 
-def _scan_logits(logits: torch.Tensor, in_use: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _scan_logits(logits: torch.Tensor, in_use: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """One streaming pass over the (row, position) pairs in use -> (holds NaN or +inf, holds nothing above
-    -inf), bool [B, P] or [N], False where not in use. logits: float [B, P, V] or [N, V]; in_use: bool
-    [B, P] or None. A compiled backend scans the bit patterns (kernels.scan_rows, rows not in use not
-    read); the torch reference takes one max reduction (it propagates NaN and +inf)."""
+    -inf), bool [B, P] or [N], False where not in use; None where neither holds anywhere (known at once
+    from a compiled scan of every row). logits: float [B, P, V] or [N, V]; in_use: bool [B, P] or None.
+    A compiled backend scans the bit patterns (kernels.scan_rows, rows not in use not read); the torch
+    reference takes one max reduction (it propagates NaN and +inf)."""
     shape, vocab = logits.shape[:-1], logits.shape[-1]
     if logits.numel() and kernels.accelerated(logits):
-        flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1)).view(shape)
+        flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1))
+        if in_use is None and _all_clear(flags):
+            return None
+        flags = flags.view(shape)
         bad, empty = (flags & kernels.HOLDS_NAN_OR_INF) != 0, (flags & kernels.HOLDS_ABOVE_MINUS_INF) == 0
     else:
         top = logits.amax(-1)
         bad, empty = torch.isnan(top) | (top == float("inf")), top == float("-inf")
     return _in_use(bad, in_use), _in_use(empty, in_use)
+
+
+def _all_clear(flags: torch.Tensor) -> bool:
+    """Whether every scanned row holds nothing but finite values and -inf, and some finite value. flags:
+    uint8 [N] of kernels.scan_rows, read to the host for up to HOST_FLAGS rows (one op where a comparison
+    and a reduction cost three)."""
+    if flags.numel() <= HOST_FLAGS:
+        return all(flag == kernels.HOLDS_ABOVE_MINUS_INF for flag in flags.tolist())
+    return bool((flags == kernels.HOLDS_ABOVE_MINUS_INF).all())
+
+
+#: Up to this many scanned rows, their flags are read to the host at once (_all_clear).
+HOST_FLAGS = 4096
 
 
 def check_finite_logits(
@@ -183,7 +235,10 @@ def check_finite_logits(
 
     One streaming pass (_scan_logits) finds whether there is anything to report; only then is the
     offending entry located."""
-    bad, empty = _scan_logits(logits, in_use)
+    scanned = _scan_logits(logits, in_use)
+    if scanned is None:
+        return
+    bad, empty = scanned
     if bool(bad.any()):
         located = _in_use(torch.isnan(logits) | (logits == float("inf")), in_use)
         index = [int(i) for i in located.nonzero()[0]]
@@ -201,7 +256,9 @@ def check_some_allowed(
 
     name: the argument to blame, the bitmask when there is one, else the logits. in_use, second: as in
     check_finite_logits."""
-    _check_not_empty(name, _scan_logits(masked_logits, in_use)[1], second)
+    scanned = _scan_logits(masked_logits, in_use)
+    if scanned is not None:
+        _check_not_empty(name, scanned[1], second)
 
 
 def _check_not_empty(name: str, empty: torch.Tensor, second: str = "position") -> None:
@@ -259,7 +316,7 @@ def check_row_param(
             value = value.reshape(1).expand(rows)
         check_shape(name, value, (rows,), layout)
         check_same_device({name: value}, device, "the logits")
-        return value.to(dtype)
+        return value if value.dtype == dtype else value.to(dtype)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise TypeError(f"{name} must be {kind} tensor of shape {layout} or a number (got {_type_name(value)})")
     return torch.full((rows,), value, dtype=dtype, device=device)
@@ -275,14 +332,15 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
         if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
             raise TypeError(f"seed must be an int or an integer tensor (got dtype {seed.dtype})")
         check_same_device({"seed": seed}, device, "the logits")
+        seed = seed if seed.dtype == torch.int64 else seed.to(torch.int64)
         if seed.dim() == 0 or tuple(seed.shape) == (1,):
-            return seed.reshape(()).to(torch.int64), True
+            return seed.view(()), True  # (one element: always a view)
         if tuple(seed.shape) != (rows,):
             raise ValueError(
                 f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "
                 f"(got shape {list(seed.shape)})"
             )
-        return seed.to(torch.int64), False
+        return seed, False
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int or an integer tensor (got {_type_name(seed)})")
     if not -(1 << 63) <= seed < 1 << 64:
@@ -300,17 +358,6 @@ def check_sampling_params(
         check_row_param("top_p", top_p, rows, device, integer=False, layout=layout),
         None if min_p is None else check_row_param("min_p", min_p, rows, device, integer=False, layout=layout),
     )
-
-
-def check_sampling_values(
-    temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None
-) -> None:
-    """The value rules of the per-row sampling parameters (value checks)."""
-    check_temperature(temperature)
-    check_top_k(top_k)
-    check_top_p(top_p)
-    if min_p is not None:
-        check_min_p(min_p)
 
 
 def check_tree_parents(parents: torch.Tensor, present: torch.Tensor) -> None:

@@ -23,6 +23,9 @@ STREAM_SIBLING = 3
 ROW_STRIDE = 0x9E3779B97F4A7C15
 
 _MASK64 = (1 << 64) - 1
+#: Up to this many keys on the CPU, keyed_uniform_read mixes them as Python ints (one read, one write):
+#: the same bits as the ~20 torch ops of keyed_uniform, which cost more at such sizes.
+HOST_KEYS = 64
 _MIX_1 = 0xBF58476D1CE4E5B9
 _MIX_2 = 0x94D049BB133111EB
 _STREAM_SALT = 0xD1B54A32D192ED03
@@ -82,6 +85,38 @@ def keyed_uniform(keys: torch.Tensor, stream: int) -> torch.Tensor:
         raise ValueError(f"stream must be an int >= 0 (got {stream})")
     bits = keyed_bits(keys.to(torch.int64), stream)
     return _shift_right_logical(bits, 11).to(torch.float64) * 2.0**-53
+
+
+def _uniform_of(key: int, salt: int) -> float:
+    """keyed_uniform of one key (any int, read as uint64) with a stream's salt, on Python ints."""
+    return (_mix64_int(_mix64_int(key) ^ salt) >> 11) * 2.0**-53
+
+
+def keyed_uniform_read(keys: torch.Tensor, stream: int) -> torch.Tensor:
+    """keyed_uniform for callers that may read the keys to the host (calls that check values): a small CPU
+    tensor of keys (<= HOST_KEYS) is read once and mixed as Python ints, the same values bit for bit.
+    keys: int64 [...] (checked keys, a checked stream) -> float64 [...]."""
+    if not keys.is_cpu or keys.numel() > HOST_KEYS:
+        return keyed_uniform(keys, stream)
+    salt = _mix64_int(stream + _STREAM_SALT)
+    values = [_uniform_of(key, salt) for key in keys.reshape(-1).tolist()]
+    return torch.tensor(values, dtype=torch.float64).view(keys.shape)
+
+
+def row_seeds_read(seed: int | torch.Tensor, shared: bool, rows: int) -> list[int]:
+    """per_row_seeds read to the host: each row's seed s_b as an int (its int64 bit pattern). seed: an int or
+    int64 [] (shared) or int64 [rows]."""
+    if not shared:
+        return seed.tolist()
+    first = as_int64_bits(seed if isinstance(seed, int) else int(seed))
+    return [as_int64_bits(first + row * ROW_STRIDE) for row in range(rows)]
+
+
+def row_uniforms_read(seeds: list[int], num_positions: int, stream: int) -> list[float]:
+    """keyed_uniform(row_keys(seeds, num_positions), stream) on the host, flattened row by row: the uniform
+    of key s_b + j at index b * num_positions + j."""
+    salt = _mix64_int(stream + _STREAM_SALT)
+    return [_uniform_of(seed + position, salt) for seed in seeds for position in range(num_positions)]
 
 
 def row_keys(seed: torch.Tensor, num_positions: int) -> torch.Tensor:

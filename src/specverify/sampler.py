@@ -16,10 +16,14 @@ import torch
 from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, row_keys, seed_tensor
-from .truncation import greedy_tokens, is_greedy, truncated_weights
+from .rng import (
+    HOST_KEYS, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds,
+    row_keys, seed_tensor,
+)
+from .truncation import greedy_tokens, is_greedy, keyed_draws_read, truncated_weights
 from .verdicts import (
-    argmax_verdict, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict, whole_call_verdicts,
+    argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict,
+    whole_call_verdicts,
 )
 
 DRAFT_PROPOSALS = ("argmax", "sampled")
@@ -29,11 +33,12 @@ DRAFT_PROPOSALS = ("argmax", "sampled")
 class _Plan:
     """Which work a call needs, known on the host without reading device data unless validating."""
 
-    stochastic_rows: torch.Tensor | None  # rows sampled from p~ (None: all rows, not known on the host)
-    greedy_rows: torch.Tensor | None  # greedy rows (None: all rows)
-    relaxed_rows: torch.Tensor | None  # relaxed rows (None: all rows)
+    stochastic_rows: tuple[int, ...] | None  # rows sampled from p~ (None: all rows, not known on the host)
+    greedy_rows: tuple[int, ...] | None  # greedy rows (None: all rows)
+    relaxed_rows: tuple[int, ...] | None  # relaxed rows (None: all rows)
     top_p: bool  # some row may have top_p < 1
     max_k: int | None  # the largest limited top_k, when known
+    reads_host: bool = False  # small tensors may be read to the host (a validating call)
 
 
 def _hint(name: str, value: object, validate: bool, kind: type) -> int | float | None:
@@ -51,34 +56,37 @@ def _hint(name: str, value: object, validate: bool, kind: type) -> int | float |
     return value
 
 
-def _check_max_k(max_k: int | None, top_k: torch.Tensor, vocab: int, validate: bool) -> int | None:
+def _check_max_k(max_k: int | None, top_k: list[int] | None, vocab: int, validate: bool) -> int | None:
     """max_k is -1 when some row has no top-k limit, else -1 or at least the largest top_k.
 
-    Returns the largest top_k below V among the limited rows when known (the size of a topk window).
+    top_k: the rows' top_k read to the host (needed only when validating). Returns the largest top_k
+    below V among the limited rows when known (the size of a topk window).
     """
     if max_k is not None and max_k != -1 and max_k < 1:
         raise ValueError(f"max_k must be -1 (some row has no limit) or >= 1 (got {max_k})")
     if not validate:
         return max_k if max_k is not None and max_k > 0 else None
-    unlimited = top_k <= 0
     if max_k is not None and max_k != -1:
-        if bool(unlimited.any()):
-            row = int(unlimited.nonzero()[0, 0])
-            raise ValueError(f"max_k must be -1 when a row has no top-k limit (row {row} has top_k {int(top_k[row])}) (got {max_k})")
-        largest = int(top_k.max()) if top_k.numel() else 0
+        unlimited = [row for row, k in enumerate(top_k) if k <= 0]
+        if unlimited:
+            row = unlimited[0]
+            raise ValueError(f"max_k must be -1 when a row has no top-k limit (row {row} has top_k {top_k[row]}) (got {max_k})")
+        largest = max(top_k, default=0)
         if max_k < largest:
             raise ValueError(f"max_k must be -1 or >= the largest top_k ({largest}) (got {max_k})")
-    limited = top_k[~unlimited & (top_k < vocab)]
-    return int(limited.max()) if limited.numel() else None
+    return max((k for k in top_k if 0 < k < vocab), default=None)
 
 
-def _check_min_top_p(min_top_p: float | None, top_p: torch.Tensor, validate: bool) -> bool:
-    """min_top_p is in (0, 1] and at most min(top_p). Returns whether some row may need a nucleus."""
+def _check_min_top_p(min_top_p: float | None, top_p: list[float] | None, validate: bool) -> bool:
+    """min_top_p is in (0, 1] and at most min(top_p). Returns whether some row may need a nucleus.
+
+    top_p: the rows' top_p read to the host (needed only when validating); a NaN makes the minimum NaN,
+    as torch's min does (the value check names it next)."""
     if min_top_p is not None and not (0 < min_top_p <= 1):
         raise ValueError(f"min_top_p must be in (0, 1] (got {min_top_p})")
     if not validate:
         return min_top_p is None or min_top_p < 1
-    smallest = float(top_p.min()) if top_p.numel() else 1.0
+    smallest = math.nan if any(math.isnan(p) for p in top_p) else min(top_p, default=1.0)
     # compared in float32, the precision of top_p: a hint equal to the caller's top_p is consistent
     if min_top_p is not None and float(torch.tensor(min_top_p, dtype=torch.float32)) > smallest:
         raise ValueError(f"min_top_p must be <= min(top_p) = {smallest} (got {min_top_p})")
@@ -173,15 +181,25 @@ def stochastic_acceptance_sampler(
         device,
         "target_logits",
     )
-    max_k = _check_max_k(_hint("max_k", max_k, validate, int), top_k, vocab, validate)
-    needs_top_p = _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p, validate)
+    host = checks.host_values(temperature, top_k, top_p, min_p) if validate else None
+    # the hints are checked against the rows' top_k and top_p, read to the host when validating
+    top_k_values, top_p_values = host[1:3] if host else (top_k.tolist(), top_p.tolist()) if validate else (None, None)
+    max_k = _check_max_k(_hint("max_k", max_k, validate, int), top_k_values, vocab, validate)
+    needs_top_p = _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p_values, validate)
 
+    # a small argmax-mode call on the CPU that checks values is judged on the host (_verify_read)
+    on_host = (
+        host is not None and in_thinking_phase is None and draft_proposal == "argmax"
+        and batch * (positions + 1) <= HOST_KEYS
+    )  # fmt: skip
+    draft_values = draft_tokens.tolist() if on_host else None
     masked = None
     if validate:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
-        checks.check_draft_ids(draft_tokens, vocab)
+        if draft_tokens.numel():
+            checks.check_draft_ids(draft_tokens, vocab, values=draft_values)
         checks.check_finite_logits("target_logits", logits, some_finite=token_bitmasks is None)
-        checks.check_sampling_values(temperature, top_k, top_p, min_p)
+        checks.check_sampling_values(temperature, top_k, top_p, min_p, host)
         if draft_probs_full is not None:
             checks.check_draft_probs(draft_probs_full)
         if token_bitmasks is not None:
@@ -193,26 +211,55 @@ def stochastic_acceptance_sampler(
         )
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
+    if on_host:
+        params = (temperature, top_k, top_p, min_p)
+        return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed), max_k, needs_top_p)
     if validate:
-        greedy_rows = is_greedy(temperature)
-        relaxed_rows = in_thinking_phase & ~greedy_rows if in_thinking_phase is not None else greedy_rows & False
+        greedy = is_greedy(temperature).tolist()
+        thinking = [False] * batch if in_thinking_phase is None else in_thinking_phase.tolist()
         plan = _Plan(
-            stochastic_rows=(~greedy_rows).nonzero()[:, 0],
-            greedy_rows=greedy_rows.nonzero()[:, 0],
-            relaxed_rows=relaxed_rows.nonzero()[:, 0],
+            stochastic_rows=tuple(row for row in range(batch) if not greedy[row]),
+            greedy_rows=tuple(row for row in range(batch) if greedy[row]),
+            relaxed_rows=tuple(row for row in range(batch) if thinking[row] and not greedy[row]),
             top_p=needs_top_p,
             max_k=max_k,
+            reads_host=True,
         )
     else:
         plan = _Plan(stochastic_rows=None, greedy_rows=None, relaxed_rows=None, top_p=needs_top_p, max_k=max_k)
 
-    draft = _draft_or_padding(draft_tokens, vocab)
-    seeds = per_row_seeds(seed, shared_seed, batch, device)
+    draft = _draft_or_padding(draft_tokens, vocab) if positions else draft_tokens.to(torch.int64)
     first, recovered, bonus = _verify(
-        draft, masked, temperature, top_k, top_p, min_p, seeds, plan,
+        draft, masked, temperature, top_k, top_p, min_p, (seed, shared_seed), plan,
         in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
     )
     return first, recovered, bonus
+
+
+def _verify_read(
+    draft: list[list[int]],
+    masked: torch.Tensor,
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    temperatures: list[float],
+    seed: tuple[int | torch.Tensor, bool],
+    max_k: int | None,
+    use_top_p: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdicts of a small argmax-mode batch on the CPU with its values read to the host (a checking
+    call): the outputs of _verify bit for bit, with the bookkeeping on Python lists, since at such sizes the
+    fixed cost of each torch op, not the vocabulary pass, is what a call costs. draft: B lists of K checked
+    ids (-1: none); masked: [B, K+1, V] CPU; params: the rows' checked temperature, top_k, top_p, min_p
+    [B]; temperatures: the temperatures as a list; seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
+    greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
+    batch, per_position, vocab = masked.shape
+    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position, max_k, use_top_p)
+    rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
+    first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
+    return (
+        torch.tensor(first, dtype=torch.int64),
+        torch.tensor(recovered, dtype=torch.int64).view(batch, per_position - 1),
+        torch.tensor(bonus, dtype=torch.int64).view(batch, 1),
+    )
 
 
 def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -229,79 +276,102 @@ def _verify(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor | None,
-    seeds: torch.Tensor,
+    seed: tuple[int | torch.Tensor, bool],
     plan: _Plan,
     in_thinking_phase: torch.Tensor | None,
     relaxed_topk: int | None,
     relaxed_delta: float | None,
     draft_probs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V].
+    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V]; seed: the
+    checked seed and whether it is shared (checks.check_seed), spread to rows only where a row samples.
 
     Each rule runs on the rows the plan gives it (all rows when the plan does not know); every
     computation is row-independent, so a row's outputs do not depend on which rows ran beside it.
     """
     batch, positions = draft.shape
     device = masked.device
-    outputs = (
-        torch.zeros(batch, positions, dtype=torch.bool, device=device),  # accepted
-        torch.zeros(batch, positions, dtype=torch.int64, device=device),  # recovered
-        torch.zeros(batch, dtype=torch.int64, device=device),  # bonus
-    )
-    greedy_rows = is_greedy(temperature)
+    outputs = None  # (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B]), zeros until a rule writes
 
     rows = plan.stochastic_rows
-    if rows is not None and 2 * rows.numel() >= batch:
+    if rows is not None and 2 * len(rows) >= batch:
         rows = None  # cheaper to run every row than to copy most of the logits
     # p~ of a greedy row is one-hot at its argmax, so the stochastic rules commit for it what the greedy
     # rule does: when they run on every row, greedy rows need nothing more
     greedy_done = rows is None
     if _any(rows):
+        index = _index(rows, batch, device)
+        seeds = per_row_seeds(*seed, batch, device)
         parts = _stochastic_verdicts(
-            *(_pick(t, rows) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
+            *(_pick(t, index) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
             plan,
-            _pick(draft_probs, rows),
+            _pick(draft_probs, index),
         )
-        outputs = parts if greedy_done else _merge(outputs, parts, rows, ~greedy_rows)
+        outputs = _merge(outputs, parts, index, None, batch)
 
     rows = plan.relaxed_rows
     if in_thinking_phase is not None and _any(rows):
-        parts = relaxed_verdict(_pick(draft, rows), _pick(masked, rows), relaxed_topk, relaxed_delta)
-        outputs = _merge(outputs, parts, rows, in_thinking_phase & ~greedy_rows)
+        index = _index(rows, batch, device)
+        parts = relaxed_verdict(_pick(draft, index), _pick(masked, index), relaxed_topk, relaxed_delta)
+        thinking = in_thinking_phase & ~is_greedy(temperature) if rows is None else None
+        outputs = _merge(outputs, parts, index, thinking, batch)
 
     rows = plan.greedy_rows
     if not greedy_done and _any(rows):
-        target_argmax = greedy_tokens(_pick(masked, rows))
-        parts = (*greedy_verdict(_pick(draft, rows), target_argmax[:, :positions]), target_argmax[:, positions])
-        outputs = _merge(outputs, parts, rows, greedy_rows)
+        index = _index(rows, batch, device)
+        target_argmax = greedy_tokens(_pick(masked, index))
+        parts = (*greedy_verdict(_pick(draft, index), target_argmax[:, :positions]), target_argmax[:, positions])
+        outputs = _merge(outputs, parts, index, None, batch)
 
-    accepted, recovered, bonus = outputs
+    accepted, recovered, bonus = outputs if outputs is not None else _zeros(batch, positions, device)
     return _first_rejection(accepted), recovered, bonus[:, None]
 
 
-def _any(rows: torch.Tensor | None) -> bool:
+def _any(rows: tuple[int, ...] | None) -> bool:
     """Whether a rule has rows to judge (None: every row may need it)."""
-    return rows is None or rows.numel() > 0
+    return rows is None or len(rows) > 0
 
 
-def _pick(value: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
-    """value restricted to the given rows (sorted, distinct; None or every row: value itself)."""
-    if rows is None or value is None or rows.numel() == value.shape[0]:
-        return value
-    return value.index_select(0, rows)
+def _index(rows: tuple[int, ...] | None, batch: int, device: torch.device) -> torch.Tensor | None:
+    """The rows as an int64 index tensor; None for every row (None, or all `batch` rows)."""
+    return None if rows is None or len(rows) == batch else torch.tensor(rows, dtype=torch.int64, device=device)
 
 
-def _merge(outputs: tuple, parts: tuple, rows: torch.Tensor | None, rule_rows: torch.Tensor) -> tuple:
-    """Write a rule's outputs over the batch outputs: at `rows` when known, else where `rule_rows` (bool [B])
-    holds. Outputs without a counterpart in `parts` stay as they are."""
+def _pick(value: torch.Tensor | None, index: torch.Tensor | None) -> torch.Tensor | None:
+    """value restricted to the given rows (sorted, distinct; None: value itself)."""
+    return value if index is None or value is None else value.index_select(0, index)
+
+
+def _zeros(batch: int, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch outputs before any rule writes: (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B])."""
+    return (
+        torch.zeros(batch, positions, dtype=torch.bool, device=device),
+        torch.zeros(batch, positions, dtype=torch.int64, device=device),
+        torch.zeros(batch, dtype=torch.int64, device=device),
+    )
+
+
+def _merge(
+    outputs: tuple | None, parts: tuple, index: torch.Tensor | None, rule_rows: torch.Tensor | None, batch: int
+) -> tuple:
+    """Write a rule's outputs over the batch outputs (None: all zeros, made only where some stay): at the
+    rows of `index`, or where `rule_rows` (bool [B]) holds, or at every row when both are None. Outputs
+    without a counterpart in `parts` stay as they are."""
+    covers_all = index is None and rule_rows is None
+    if outputs is None:
+        if covers_all and len(parts) == 3:
+            return parts
+        outputs = _zeros(batch, parts[0].shape[1], parts[0].device)
     merged = []
-    for index, output in enumerate(outputs):
-        if index >= len(parts):
+    for position, output in enumerate(outputs):
+        if position >= len(parts):
             merged.append(output)
-        elif rows is None:
-            merged.append(torch.where(rule_rows.view(-1, *[1] * (output.dim() - 1)), parts[index], output))
+        elif covers_all:
+            merged.append(parts[position])
+        elif rule_rows is not None:
+            merged.append(torch.where(rule_rows.view(-1, *[1] * (output.dim() - 1)), parts[position], output))
         else:
-            merged.append(output.index_copy(0, rows, parts[index]))
+            merged.append(output.index_copy(0, index, parts[position]))
     return tuple(merged)
 
 
@@ -322,15 +392,13 @@ def _stochastic_verdicts(
     per_position = positions + 1
     weights, sums = truncated_weights(
         masked.reshape(-1, vocab),
-        temperature.repeat_interleave(per_position),
-        top_k.repeat_interleave(per_position),
-        top_p.repeat_interleave(per_position),
-        None if min_p is None else min_p.repeat_interleave(per_position),
+        *(_per_position(t, per_position) for t in (temperature, top_k, top_p, min_p)),
         max_k=plan.max_k,
         use_top_p=plan.top_p,
     )
     keys = row_keys(seeds, per_position)
-    target_uniforms = keyed_uniform(keys, STREAM_TARGET)
+    uniform = keyed_uniform_read if plan.reads_host else keyed_uniform
+    target_uniforms = uniform(keys, STREAM_TARGET)
     if draft_probs is None:
         target_sample = sample_from_weights(weights, target_uniforms.view(-1), sums).view(batch, per_position)
         accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
@@ -341,13 +409,18 @@ def _stochastic_verdicts(
         weights,
         sums,
         draft_probs,
-        keyed_uniform(keys[:, :positions], STREAM_ACCEPT),
-        keyed_uniform(keys[:, :positions], STREAM_RESIDUAL),
+        uniform(keys[:, :positions], STREAM_ACCEPT),
+        uniform(keys[:, :positions], STREAM_RESIDUAL),
     )
     bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
     return accepted, recovered, bonus
 
 
+def _per_position(value: torch.Tensor | None, per_position: int) -> torch.Tensor | None:
+    """A per-row parameter [R] repeated for each of a row's positions -> [R * per_position]."""
+    return value if value is None or per_position == 1 else value.repeat_interleave(per_position)
+
+
 def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
     """Index of the first False per row, K when none. accepted: bool [B, K] -> int64 [B]."""
-    return accepted.to(torch.int64).cumprod(-1).sum(-1)
+    return torch.cumprod(accepted, -1, dtype=torch.int64).sum(-1)

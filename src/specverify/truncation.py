@@ -17,7 +17,7 @@ import torch
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .categorical import block_size, block_sums, sample_from_weights
-from .rng import STREAM_TARGET, keyed_uniform, per_row_seeds
+from .rng import HOST_KEYS, STREAM_TARGET, keyed_uniform, per_row_seeds, row_seeds_read, row_uniforms_read
 from .selection import largest_reaching_threshold
 
 #: Rows with temperature below this are greedy (SPEC §3.3).
@@ -32,6 +32,15 @@ TOPK_WINDOW_LIMIT = 4096
 def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
     """temperature: float [N] -> bool [N]."""
     return temperature < GREEDY_TEMPERATURE
+
+
+#: GREEDY_TEMPERATURE as the float32 torch compares a float32 temperature with.
+_GREEDY_BELOW_FLOAT32 = float(torch.tensor(GREEDY_TEMPERATURE, dtype=torch.float32))
+
+
+def is_greedy_value(temperature: float) -> bool:
+    """is_greedy of one float32 temperature read to the host, compared in float32 as torch compares it."""
+    return temperature < _GREEDY_BELOW_FLOAT32
 
 
 def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
@@ -128,8 +137,9 @@ def _prepare(
     min_p: object,
     token_bitmask: object,
     validate: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Check the arguments of truncated_probs / sample and mask the logits -> (masked [N, V], params...)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, tuple | None]:
+    """Check the arguments of truncated_probs / sample and mask the logits -> (masked [N, V], params...,
+    the params read to the host as lists where the value checks read them (checks.host_values), else None)."""
     checks.check_tensor("logits", logits, checks.FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor [N, V]")
     if logits.dim() != 2 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have shape [N, V] with V >= 1 (got {list(logits.shape)})")
@@ -141,12 +151,13 @@ def _prepare(
         checks.check_shape("token_bitmask", token_bitmask, (rows, num_words(vocab)), "[N, ceil(V/32)]")
     checks.check_same_device({"token_bitmask": token_bitmask}, device, "logits")
     masked = logits if token_bitmask is None else apply_bitmask(logits, token_bitmask)
+    host = checks.host_values(temperature, top_k, top_p, min_p) if validate else None
     if validate:
         checks.check_finite_logits("logits", logits, some_finite=token_bitmask is None)
-        checks.check_sampling_values(temperature, top_k, top_p, min_p)
+        checks.check_sampling_values(temperature, top_k, top_p, min_p, host)
         if token_bitmask is not None:
             checks.check_some_allowed("token_bitmask", masked)
-    return masked, temperature, top_k, top_p, min_p
+    return masked, temperature, top_k, top_p, min_p, host
 
 
 def truncated_weights(
@@ -210,11 +221,37 @@ def truncated_probs(
     Returns float32 [N, V], each row summing to 1. Greedy rows (temperature < 1e-5) are one-hot at the
     argmax of the masked logits (lowest index on ties), which is what the verifier commits for them.
     """
-    masked, temperature, top_k, top_p, min_p = _prepare(
+    masked, temperature, top_k, top_p, min_p, _ = _prepare(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
     weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
     return weights / sums.sum(-1, keepdim=True).float()  # the total the sampled rule divides by too
+
+
+def keyed_draws_read(
+    masked_logits: torch.Tensor,
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    temperatures: list[float],
+    seed: tuple[int | torch.Tensor, bool],
+    per_position: int = 1,
+    max_k: int | None = None,
+    use_top_p: bool = True,
+) -> list[int]:
+    """The keyed draws from p~ of a small batch on the CPU whose values were read to the host (a checking
+    call): the tokens `sample`, and the verifier in argmax mode, commit, with the bookkeeping on Python
+    lists (at such sizes each torch op costs more than the rows). masked_logits: [N, V] CPU, N = B *
+    per_position, row n = b * per_position + j keyed by s_b + j (STREAM_TARGET); params: the B requests'
+    checked temperature, top_k, top_p, min_p [B]; temperatures: the temperatures as a list; seed: the
+    checked seed and whether it is shared; max_k, use_top_p: truncated_weights' hints. -> N token ids.
+    An all-greedy batch takes one argmax per row (what its one-hot p~ commits); else every row goes through
+    truncated_weights and one draw."""
+    if all(is_greedy_value(t) for t in temperatures):
+        return greedy_tokens(masked_logits).tolist()
+    if per_position > 1:
+        params = tuple(None if p is None else p.repeat_interleave(per_position) for p in params)
+    weights, sums = truncated_weights(masked_logits, *params, max_k=max_k, use_top_p=use_top_p)
+    uniforms = row_uniforms_read(row_seeds_read(*seed, len(temperatures)), per_position, STREAM_TARGET)
+    return sample_from_weights(weights, torch.tensor(uniforms, dtype=torch.float64), sums).tolist()
 
 
 def sample(
@@ -236,11 +273,14 @@ def sample(
     exactly the tokens the verifier commits in argmax mode with per-request seed base + tokens generated.
     Returns int64 [N]; greedy rows return the argmax.
     """
-    masked, temperature, top_k, top_p, min_p = _prepare(
+    masked, temperature, top_k, top_p, min_p, host = _prepare(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
     rows = masked.shape[0]
     seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
+    if host is not None and rows <= HOST_KEYS:
+        draws = keyed_draws_read(masked, (temperature, top_k, top_p, min_p), host[0], (seed, shared))
+        return torch.tensor(draws, dtype=torch.int64)
     seeds = per_row_seeds(seed, shared, rows, masked.device)
     weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
     return sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)

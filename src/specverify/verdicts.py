@@ -33,6 +33,23 @@ def greedy_verdict(draft: torch.Tensor, target_argmax: torch.Tensor) -> tuple[to
     return draft == target_argmax, target_argmax
 
 
+def first_rejections_read(
+    draft: list[list[int]], target: list[list[int]]
+) -> tuple[list[int], list[list[int]], list[int]]:
+    """SPEC §3.1 and §3.3 with the first rejection, on values read to the host (small batches): row b
+    accepts its drafts while d_bj == y_bj, commits y_bj at every drafted position (the draft where accepted,
+    the replacement at the first rejection) and y_bK as the bonus, as argmax_verdict and greedy_verdict do.
+    draft: B lists of K ids (-1: none, never accepted); target: B lists of K + 1 tokens y (keyed draws from
+    p~, or argmaxes) -> (first rejected index per row (K when all accepted), recovered [B][K], bonus [B])."""
+    first = []
+    for drafted, tokens in zip(draft, target):
+        accepted = 0
+        while accepted < len(drafted) and drafted[accepted] == tokens[accepted]:
+            accepted += 1
+        first.append(accepted)
+    return first, [tokens[:-1] for tokens in target], [tokens[-1] for tokens in target]
+
+
 def sampled_verdict(
     draft: torch.Tensor,
     target_weights: torch.Tensor,

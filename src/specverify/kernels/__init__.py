@@ -114,9 +114,9 @@ def backend(tensor: torch.Tensor) -> str:
     forced = os.environ.get(ENVIRONMENT, "").strip()
     if forced:
         return _forced_backend(forced, tensor.device)
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:  # (is_cpu and is_cuda cost less than building a torch.device)
         return "native" if native.load() is not None else "torch"
-    if tensor.device.type == "cuda":
+    if tensor.is_cuda:
         return "triton" if _triton_kernels(False) is not None else "torch"
     return "torch"
 

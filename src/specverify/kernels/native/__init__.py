@@ -143,9 +143,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 def _split_rows(rows: int, run) -> None:
     """Call run(start, stop) on slices of the rows, in parallel over torch's thread count (once over all
     rows where the kernels spread their rows over OpenMP threads themselves)."""
-    slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
-    if load().specverify_threads_itself:
-        slices = 1
+    slices = 1  # (few rows, or OpenMP threads: torch's thread count is not asked, a cost at small batches)
+    if rows >= 2 * MIN_ROWS_PER_THREAD and not load().specverify_threads_itself:
+        slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
     bounds = [rows * s // slices for s in range(slices + 1)]
     if slices == 1:
         run(0, rows)
@@ -158,11 +158,16 @@ def _split_rows(rows: int, run) -> None:
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
+def _as(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """values in `dtype`, contiguous (values itself where it already is: no op dispatched)."""
+    return values if values.dtype == dtype and values.is_contiguous() else values.to(dtype).contiguous()
+
+
 def _readable(values: torch.Tensor) -> tuple[torch.Tensor, int]:
     """values, contiguous and in a dtype the kernels read, with that dtype's code."""
     if values.dtype not in DTYPES:
         values = values.to(torch.float32)
-    return values.contiguous(), DTYPES[values.dtype]
+    return values if values.is_contiguous() else values.contiguous(), DTYPES[values.dtype]
 
 
 def weigh_rows(
@@ -186,11 +191,9 @@ def weigh_rows(
     rows, vocab = out.shape
     logits, dtype = _readable(logits)
     width = logits.element_size()
-    temperature = temperature.to(torch.float32).contiguous()
-    top_k = top_k.to(torch.int64).contiguous()
-    top_p = top_p.to(torch.float32).contiguous()
-    min_p = None if min_p is None else min_p.to(torch.float32).contiguous()
-    source = None if source is None else source.to(torch.int64).contiguous()
+    temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
+    min_p = None if min_p is None else _as(min_p, torch.float32)
+    source = None if source is None else _as(source, torch.int64)
     blocks = -(-vocab // block)
     sums = torch.empty(rows, blocks, dtype=torch.float64)
     library = load()
@@ -240,7 +243,7 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
     """Inverse-CDF draw per row. weights: contiguous float32 [N, V] (>= 0); sums: float64 [N, ceil(V / block)],
     their block sums; uniforms: float64 [N] -> int64 [N]."""
     rows, vocab = weights.shape
-    sums, uniforms = sums.contiguous(), uniforms.to(torch.float64).contiguous()
+    sums, uniforms = _as(sums, torch.float64), _as(uniforms, torch.float64)
     blocks = sums.shape[1]
     out = torch.empty(rows, dtype=torch.int64)
     library = load()
@@ -270,8 +273,8 @@ def recover_rows(
     weights, weight_sums = weights.contiguous(), weight_sums.contiguous()
     draft_probs, draft_dtype = _readable(draft_probs)
     width = draft_probs.element_size()
-    mass, uniforms = mass.to(torch.float64).contiguous(), uniforms.to(torch.float64).contiguous()
-    draft, mode = draft.to(torch.int64).contiguous(), mode.to(torch.int32).contiguous()
+    mass, uniforms = _as(mass, torch.float64), _as(uniforms, torch.float64)
+    draft, mode = _as(draft, torch.int64), _as(mode, torch.int32)
     out = torch.empty(requests, positions, dtype=torch.int64)
     library = load()
 
@@ -299,7 +302,7 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     logit_positions, vocab = logits.shape[1], logits.shape[2]
     logits, dtype = _readable(logits)
     width = logits.element_size()
-    draft = draft.to(torch.int64).contiguous()
+    draft = _as(draft, torch.int64)
     accepted = torch.zeros(requests, positions, dtype=torch.uint8)
     top1 = torch.zeros(requests, positions, dtype=torch.int64)
     library = load()

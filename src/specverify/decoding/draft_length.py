@@ -14,7 +14,7 @@ machine's load slows every width alike, while a single noisy step time must not 
 width-2 step measured below width 1's made the policy draft failing tokens on a loaded machine).
 Each row keeps its running acceptance alpha_b: discounted counts of accepted and rejected draft
 positions (a draft of k tokens with f accepted counts f successes and, when f < k, one failure), starting
-from one of each (alpha = 0.5), a prior that fades as observations come in. With acceptance alpha, a draft of k tokens commits
+from a prior (alpha = FIRST_PRIOR) that fades as observations come in. With acceptance alpha, a draft of k tokens commits
 E(k) = 1 + alpha + ... + alpha**k tokens on average. The rows of a batch share the step's width (the
 target computes every row at the longest draft), so the policy picks the k in 0..max_k that maximises
 sum_b E_b(min(k, budget_b)) / (cost(k + 1) + overhead), the batch's expected tokens per second, and every
@@ -61,13 +61,18 @@ MAX_K = 32
 DECAY = 0.8
 #: Draft positions with acceptance rates of their own; later positions share the last one's.
 POSITIONS = 4
-#: Weight (in observations) of a position's prior: 0.5 for the first, the previous one's rate after.
+#: Weight (in observations) of a position's prior: FIRST_PRIOR for the first, the previous one's rate after.
 #: Position 0's prior fades like an observation (x decay per step the row is observed), so a row whose
 #: drafts always fail reaches rate 0 and plain steps: a prior that kept its weight left a floor of
-#: 0.5 / (1 + 1 / (1 - decay)) = 0.083, and a 2-wide pass costs only ~3% more than a 1-wide one, so the
-#: policy kept drafting one failing token a step (chat at T = 0.7: 0.94-0.95x plain).
+#: 0.5 / (1 + 1 / (1 - decay)) = 0.083 with a prior of 0.5, and a 2-wide pass costs only ~3% more than a
+#: 1-wide one on transformers, so the policy kept drafting one failing token a step (chat at T = 0.7:
+#: 0.94-0.95x plain).
 PRIOR = 1.0
-#: The prior acceptance rate of draft position 0, before a row has been observed.
+#: The prior acceptance rate of draft position 0, before a row (in an evidence class) has been observed:
+#: below the 38% a drafted token must reach on llama.cpp (Q4_1, where width 2 costs 1.38x width 1), so
+#: there a class's first chance is a free probe, not a paid draft; above the 3-18% of transformers on a
+#: CPU, where it drafts at once. (0.5 made each class pay one or two failing drafts on llama.cpp: json,
+#: 50 tokens, 0.92-0.95x plain; with 0.3, 0.94-0.95x, and copy went from 1.19-1.25x to 1.49-1.54x.)
 FIRST_PRIOR = 0.3
 #: Evidence classes: class 0 for a drafter that gives no evidence, class min(e, EVIDENCE_CLASSES - 1)
 #: for evidence e >= 1 (n-gram: matches of 1, 2, 3 and 4 or more tokens).

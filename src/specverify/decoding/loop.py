@@ -186,15 +186,25 @@ def plain_generate(
     start = time.perf_counter()
     no_drafts = torch.empty(len(requests.contexts), 0, dtype=torch.int64)
     while any(requests.active):
-        logits = session.extend(requests.last_tokens())[:, 0].float()
-        device = logits.device
-        on = rows.to(device)
-        seeds = requests.seeds().to(device)
-        mask = None if matchers is None else matchers.masks(no_drafts, requests.free())[1][:, 0].to(device)
-        drawn = specverify.sample(logits, on.temperature, on.top_k, on.top_p, seeds, on.min_p, token_bitmask=mask)
-        zeros = [0] * len(drawn)
-        _commit_step(requests, result, [[t] for t in drawn.tolist()], zeros, zeros, on_step, matchers)
+        mask = None if matchers is None else matchers.masks(no_drafts, requests.free())[1][:, 0]
+        tokens = _sample_step(session, requests, rows, requests.seeds(), mask)
+        zeros = [0] * len(tokens)
+        _commit_step(requests, result, tokens, zeros, zeros, on_step, matchers)
     return _finish(result, matchers, start)
+
+
+def _sample_step(
+    session: Session, requests: _Requests, rows: RowParams, seeds: torch.Tensor, mask: torch.Tensor | None
+) -> list[list[int]]:
+    """One plain decoding step: the target scores each running row's last token, and one keyed draw per
+    row (`specverify.sample`) gives its next token, the one the verifier commits when no token is drafted
+    (SPEC §4). seeds: int64 [B]; mask: int32 [B, ceil(V/32)] or None -> one token per row."""
+    logits = session.extend(requests.last_tokens())[:, 0].float()
+    device = logits.device
+    on = rows.to(device)
+    mask = None if mask is None else mask.to(device)
+    drawn = specverify.sample(logits, on.temperature, on.top_k, on.top_p, seeds.to(device), on.min_p, token_bitmask=mask)
+    return [[t] for t in drawn.tolist()]
 
 
 def _shorten(
@@ -333,33 +343,40 @@ def speculative_generate(
         probes = _probe_tokens(draft.tokens, lengths, requests.active) if probing else None
         drafts, probs, drafted = _fit_draft(draft.tokens, draft.probs, lengths, sampled, target.vocab_size)
         drafts, probs, drafted, masks = _constrain_draft(drafts, probs, drafted, requests, matchers)
-        before = session.lengths.to("cpu", copy=True)
         forward_start = time.perf_counter()
-        logits = session.extend(torch.cat([requests.last_tokens(), drafts], 1)).float()
-        device = logits.device
-        on = rows.to(device)
-        first, recovered, bonus = specverify.stochastic_acceptance_sampler(
-            drafts.to(device),
-            logits,
-            on.temperature,
-            on.top_k,
-            None,
-            on.top_p,
-            None,
-            seeds.to(device),
-            in_thinking_phase=torch.tensor(requests.thinking, device=device) if relaxed is not None else None,
-            token_bitmasks=None if masks is None else masks.to(device),
-            draft_proposal=draft_proposal,
-            draft_probs_full=None if probs is None else probs.to(device),
-            min_p=on.min_p,
-            **relaxed_arguments,
-        )
-        committed, num = specverify.committed_tokens(first, recovered, bonus)
-        tokens = [row[:n] for row, n in zip(committed.tolist(), num.tolist())]
+        if drafts.shape[1] == 0:  # no row drafts: a plain step (the token the verifier commits at K = 0)
+            before = None  # and nothing to roll back
+            tokens = _sample_step(session, requests, rows, seeds, None if masks is None else masks[:, 0])
+            first = [0] * len(tokens)
+        else:
+            before = session.lengths.to("cpu", copy=True)
+            logits = session.extend(torch.cat([requests.last_tokens(), drafts], 1)).float()
+            device = logits.device
+            on = rows.to(device)
+            first, recovered, bonus = specverify.stochastic_acceptance_sampler(
+                drafts.to(device),
+                logits,
+                on.temperature,
+                on.top_k,
+                None,
+                on.top_p,
+                None,
+                seeds.to(device),
+                in_thinking_phase=torch.tensor(requests.thinking, device=device) if relaxed is not None else None,
+                token_bitmasks=None if masks is None else masks.to(device),
+                draft_proposal=draft_proposal,
+                draft_probs_full=None if probs is None else probs.to(device),
+                min_p=on.min_p,
+                **relaxed_arguments,
+            )
+            committed, num = specverify.committed_tokens(first, recovered, bonus)
+            tokens = [row[:n] for row, n in zip(committed.tolist(), num.tolist())]
+            first = first.tolist()
         forward_seconds = time.perf_counter() - forward_start  # after the copy to the host: the device is done
-        drafted, first = drafted.tolist(), first.tolist()
+        drafted = drafted.tolist()
         kept = _commit_step(requests, result, tokens, drafted, first, on_step, matchers)
-        session.truncate(before + torch.tensor([len(t) for t in kept]))
+        if before is not None:
+            session.truncate(before + torch.tensor([len(t) for t in kept]))
         hits = [None if p is None else t[:1] == [p] for p, t in zip(probes or [None] * len(kept), kept)]
         policy.observe(
             drafted, first, hits, drafts.shape[1] + 1, forward_seconds, time.perf_counter() - step_start, evidence

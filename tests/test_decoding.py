@@ -293,13 +293,13 @@ def test_int_seed_spreads_over_rows_like_the_verifier():
 
 
 def test_lookup_prefers_the_longest_then_the_latest_suffix():
-    ctx = torch.tensor([1, 2, 3, 9, 2, 3, 8, 7, 1, 2, 3])
-    assert lookup_continuation(ctx, 3, 3, 1).tolist() == [9, 2, 3]  # "1 2 3" occurred at 0
-    ctx = torch.tensor([5, 2, 3, 9, 4, 2, 3, 8, 6, 2, 3])
-    assert lookup_continuation(ctx, 2, 3, 1).tolist() == [8, 6]  # "2 3", the latest occurrence
-    assert lookup_continuation(torch.tensor([4, 5, 6]), 3, 3, 1).tolist() == []
-    assert lookup_continuation(torch.tensor([4]), 3, 3, 1).tolist() == []
-    assert lookup_continuation(torch.tensor([7, 7, 7]), 4, 3, 1).tolist() == [7]
+    ctx = [1, 2, 3, 9, 2, 3, 8, 7, 1, 2, 3]
+    assert lookup_continuation(ctx, 3, 3, 1) == [9, 2, 3]  # "1 2 3" occurred at 0
+    ctx = [5, 2, 3, 9, 4, 2, 3, 8, 6, 2, 3]
+    assert lookup_continuation(ctx, 2, 3, 1) == [8, 6]  # "2 3", the latest occurrence
+    assert lookup_continuation([4, 5, 6], 3, 3, 1) == []
+    assert lookup_continuation([4], 3, 3, 1) == []
+    assert lookup_continuation([7, 7, 7], 4, 3, 1) == [7]
 
 
 def reference_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -320,7 +320,7 @@ def test_lookup_matches_its_definition_on_random_contexts():
         context = torch.randint(0, vocab, (length,), generator=generator)
         max_ngram = int(torch.randint(1, 10, (), generator=generator))
         min_ngram = int(torch.randint(1, max_ngram + 1, (), generator=generator))
-        got = lookup_continuation(context, 5, max_ngram, min_ngram).tolist()
+        got = lookup_continuation(context.tolist(), 5, max_ngram, min_ngram)
         assert got == reference_lookup(context.tolist(), 5, max_ngram, min_ngram), (trial, context.tolist())
 
 
@@ -342,6 +342,11 @@ def test_ngram_evidence_is_the_match_length_and_zero_exactly_when_nothing_is_pro
         assert evidence == [reference_match_length(c, drafter.max_ngram, 1) for c in contexts], (trial, contexts)
         tokens = drafter.propose(contexts, 2, params=None, seeds=None, sampled=False).tokens
         assert [e > 0 for e in evidence] == (tokens[:, 0] != -1).tolist()
+        # the proposal after an evidence call (its searches reused) is the lookup's
+        assert tokens.tolist() == [(reference_lookup(c, 2, drafter.max_ngram, 1) + [-1, -1])[:2] for c in contexts]
+        contexts[0].append(contexts[0][-1])  # changed since: searched again
+        again = drafter.propose(contexts, 2, params=None, seeds=None, sampled=False).tokens
+        assert again[0].tolist() == (reference_lookup(contexts[0], 2, drafter.max_ngram, 1) + [-1, -1])[:2]
 
 
 @pytest.mark.parametrize("bad", [[1], [1, -1], [1, 2.0], [True, 1]])

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 import specverify
@@ -73,26 +74,28 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.T
     return out
 
 
-def suffix_continuations(context: torch.Tensor, max_ngram: int, min_ngram: int) -> tuple[int, torch.Tensor]:
+def suffix_continuations(context: Sequence[int] | np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray]:
     """The longest suffix of context (max_ngram down to min_ngram tokens) that occurred before, and where
     its continuations start (the index after each earlier occurrence).
-    context: int64 [L] -> (its length, 0 when no suffix recurs; int64 [M], ascending: the most recent last,
-    empty when none recurs).
+    context: L token ids (a list, or an int array [L]) -> (its length, 0 when no suffix recurs; int64 [M],
+    ascending: the most recent last, empty when none recurs).
 
-    One pass over the context: for every earlier end position i (each followed by a token), how many of
-    the context's last tokens match the tokens ending at i (up to max_ngram); the longest match wins.
+    One pass over the context (numpy: a few µs at a few hundred tokens, where torch ops cost several times
+    more): for every earlier end position i (each followed by a token), how many of the context's last
+    tokens match the tokens ending at i (up to max_ngram); the longest match wins.
     """
-    length = context.shape[0]
-    n = min(max_ngram, length - 1)
+    context = np.asarray(context, dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    n = min(max_ngram, context.shape[0] - 1)
     if n < min_ngram:
-        return 0, context[:0]
-    padded = torch.cat([context.new_full((n - 1,), PAD), context[:-1]])  # PAD never equals a token id
-    windows = padded.unfold(0, n, 1)  # [L-1, n]: window i ends at context[i]
-    matched = (windows == context[-n:]).flip(1).cumprod(1).sum(1)  # [L-1]: suffix tokens matched at i
+        return 0, none
+    padded = np.concatenate([np.full(n - 1, PAD, dtype=np.int64), context[:-1]])  # PAD never equals a token id
+    windows = np.lib.stride_tricks.sliding_window_view(padded, n)  # [L-1, n]: window i ends at context[i]
+    matched = (windows == context[-n:])[:, ::-1].cumprod(1).sum(1)  # [L-1]: suffix tokens matched at i
     best = int(matched.max())
     if best < min_ngram:
-        return 0, context[:0]
-    return best, (matched == best).nonzero()[:, 0] + 1
+        return 0, none
+    return best, np.flatnonzero(matched == best) + 1
 
 
 def check_ngram_range(max_ngram: int, min_ngram: int) -> tuple[int, int]:
@@ -102,15 +105,15 @@ def check_ngram_range(max_ngram: int, min_ngram: int) -> tuple[int, int]:
     return max_ngram, min_ngram
 
 
-def lookup_continuation(context: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
+def lookup_continuation(context: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
-    suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: int64 [L] ->
-    int64 [<= k] (empty when no suffix recurs)."""
+    suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: L token ids ->
+    at most k ids (none when no suffix recurs)."""
     _, starts = suffix_continuations(context, max_ngram, min_ngram)
-    if not starts.numel():
-        return context[:0]
+    if not starts.size:
+        return []
     start = int(starts[-1])
-    return context[start : start + k]
+    return [int(t) for t in context[start : start + k]]
 
 
 class NgramDrafter:
@@ -126,13 +129,22 @@ class NgramDrafter:
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = check_ngram_range(max_ngram, min_ngram)
+        #: The last `evidence` call's searches: (context, its length, the continuation's start or None).
+        self._searched: list[tuple[Sequence[int], int, int | None]] = []
 
     def evidence(self, contexts: Sequence[Sequence[int]]) -> list[int]:
-        """Per context, the length of its longest suffix that recurred (0 when none: no draft)."""
-        return [
-            suffix_continuations(torch.as_tensor(list(c), dtype=torch.int64), self.max_ngram, self.min_ngram)[0]
-            for c in contexts
-        ]
+        """Per context, the length of its longest suffix that recurred (0 when none: no draft). A
+        `propose` on the same, unchanged contexts right after reuses these searches."""
+        found = [suffix_continuations(c, self.max_ngram, self.min_ngram) for c in contexts]
+        self._searched = [(c, len(c), int(starts[-1]) if starts.size else None) for c, (_, starts) in zip(contexts, found)]
+        return [length for length, _ in found]
+
+    def _continuation(self, row: int, context: Sequence[int], k: int) -> list[int]:
+        """The lookup's k tokens for one context, from the last evidence search when it was this context."""
+        if row < len(self._searched) and self._searched[row][0] is context and self._searched[row][1] == len(context):
+            start = self._searched[row][2]
+            return [] if start is None else list(context[start : start + k])
+        return lookup_continuation(context, k, self.max_ngram, self.min_ngram)
 
     def propose(
         self,
@@ -143,11 +155,7 @@ class NgramDrafter:
         seeds: torch.Tensor,
         sampled: bool,
     ) -> Draft:
-        rows = [
-            lookup_continuation(torch.as_tensor(list(c), dtype=torch.int64), k, self.max_ngram, self.min_ngram).tolist()
-            for c in contexts
-        ]
-        return Draft(pad_rows(rows, k))
+        return Draft(pad_rows([self._continuation(row, c, k) for row, c in enumerate(contexts)], k))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -237,7 +237,11 @@ def _fit_draft(
     """
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2 or draft_tokens.shape[0] != len(limits):
         raise ValueError(f"the drafter must return tokens of shape [B={len(limits)}, K] (got {draft_tokens!r:.80})")
-    tokens = draft_tokens[:, : int(limits.max()) if len(limits) else 0].to("cpu", torch.int64)
+    width = int(limits.max()) if len(limits) else 0
+    if width == 0:  # no row drafts (most steps where drafts fail): nothing to cut
+        none = torch.empty(len(limits), 0, dtype=torch.int64)
+        return none, torch.empty(len(limits), 0, vocab_size) if sampled else None, torch.zeros(len(limits), dtype=torch.int64)
+    tokens = draft_tokens[:, :width].to("cpu", torch.int64)
     lengths = torch.minimum(((tokens != PAD).cumprod(1) > 0).sum(1), limits)
     probs = None
     if sampled and draft_probs is None:

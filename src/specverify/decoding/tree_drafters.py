@@ -78,7 +78,7 @@ def continuation_trie(context: Sequence[int], nodes: int, depth: int, max_ngram:
     if nodes <= 0 or depth <= 0:
         return [], []
     values = list(context)
-    starts = suffix_continuations(torch.as_tensor(values, dtype=torch.int64), max_ngram, min_ngram)[1].tolist()
+    starts = suffix_continuations(values, max_ngram, min_ngram)[1].tolist()
     index: dict[tuple[int, int], int] = {}
     token, parent, count, latest, children = [], [], [], [], []
     for start in reversed(starts):  # the most recent first

@@ -139,6 +139,18 @@ def test_auto_weighs_each_width_by_its_measured_cost():
     assert policy.choose([10], None) == [2]
 
 
+@pytest.mark.parametrize(("acceptance", "margin", "chosen"), [(0.45, 0.1, 0), (0.45, 0.0, 1), (0.6, 0.1, 1)])
+def test_auto_drafts_only_when_a_draft_promises_the_margin_over_a_plain_step(acceptance, margin, chosen):
+    """Width 2 costs 1.38x width 1: one drafted token at acceptance 0.45 promises 1.45 / 1.38 = 1.05x a plain
+    step's rate, under the 10% margin; at 0.6, 1.16x."""
+    policy = AdaptiveDraftLength(max_k=1, margin=margin)
+    policy.costs = [0.020, 0.0276]
+    policy.reset(1)
+    policy.first_weight[:] = 0.0
+    policy.successes[0, 0, 0], policy.failures[0, 0, 0] = acceptance * 100, (1 - acceptance) * 100
+    assert policy.choose([10], None) == [chosen]
+
+
 def test_a_probe_counts_as_a_one_token_draft():
     policy = _policy([0.05, 0.06], 1)
     policy.observe([0], [0], [True], 1, 0.05, 0.05, None)
@@ -210,6 +222,8 @@ def test_fixed_policy_and_names():
     assert FixedDraftLength(3).choose([5, 1, 0], None) == [3, 1, 0]
     with pytest.raises(ValueError, match="max_k must be an int >= 1"):
         AdaptiveDraftLength(max_k=0)
+    with pytest.raises(ValueError, match=r"margin must be >= 0 \(got -0.1\)"):
+        AdaptiveDraftLength(margin=-0.1)
 
 
 class CountingModel:

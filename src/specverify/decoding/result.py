@@ -65,14 +65,15 @@ class GenerationResult:
     def record(self, drafted_lengths: list[int], first_rejected: list[int]) -> None:
         """Count one step of the rows still generating: each drafted drafted_lengths[i] tokens and had
         the first first_rejected[i] accepted."""
-        drafted, accepted = specverify.acceptance_counts(torch.tensor(first_rejected), torch.tensor(drafted_lengths))
-        grow = len(drafted) - len(self.drafted)
-        if grow > 0:
-            self.drafted += [0] * grow
-            self.accepted += [0] * grow
-        for j, (d, a) in enumerate(zip(drafted.tolist(), accepted.tolist())):
-            self.drafted[j] += d
-            self.accepted[j] += a
+        if any(drafted_lengths):  # (a plain step has no draft position to count)
+            drafted, accepted = specverify.acceptance_counts(torch.tensor(first_rejected), torch.tensor(drafted_lengths))
+            grow = len(drafted) - len(self.drafted)
+            if grow > 0:
+                self.drafted += [0] * grow
+                self.accepted += [0] * grow
+            for j, (d, a) in enumerate(zip(drafted.tolist(), accepted.tolist())):
+                self.drafted[j] += d
+                self.accepted[j] += a
         self.steps += 1
         self.row_steps += len(drafted_lengths)
 

@@ -20,7 +20,7 @@ from .rng import (
     HOST_KEYS, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds,
     row_keys, seed_tensor,
 )
-from .truncation import greedy_tokens, is_greedy, keyed_draws_read, truncated_weights
+from .truncation import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
 from .verdicts import (
     argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict,
     whole_call_verdicts,
@@ -392,7 +392,7 @@ def _stochastic_verdicts(
     per_position = positions + 1
     weights, sums = truncated_weights(
         masked.reshape(-1, vocab),
-        *(_per_position(t, per_position) for t in (temperature, top_k, top_p, min_p)),
+        *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p)),
         max_k=plan.max_k,
         use_top_p=plan.top_p,
     )
@@ -414,11 +414,6 @@ def _stochastic_verdicts(
     )
     bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
     return accepted, recovered, bonus
-
-
-def _per_position(value: torch.Tensor | None, per_position: int) -> torch.Tensor | None:
-    """A per-row parameter [R] repeated for each of a row's positions -> [R * per_position]."""
-    return value if value is None or per_position == 1 else value.repeat_interleave(per_position)
 
 
 def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:

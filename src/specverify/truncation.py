@@ -228,6 +228,11 @@ def truncated_probs(
     return weights / sums.sum(-1, keepdim=True).float()  # the total the sampled rule divides by too
 
 
+def per_position_rows(value: torch.Tensor | None, per_position: int) -> torch.Tensor | None:
+    """A per-row parameter [R] repeated for each of a row's positions -> [R * per_position] (None stays None)."""
+    return value if value is None or per_position == 1 else value.repeat_interleave(per_position)
+
+
 def keyed_draws_read(
     masked_logits: torch.Tensor,
     params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
@@ -247,8 +252,7 @@ def keyed_draws_read(
     truncated_weights and one draw."""
     if all(is_greedy_value(t) for t in temperatures):
         return greedy_tokens(masked_logits).tolist()
-    if per_position > 1:
-        params = tuple(None if p is None else p.repeat_interleave(per_position) for p in params)
+    params = tuple(per_position_rows(p, per_position) for p in params)
     weights, sums = truncated_weights(masked_logits, *params, max_k=max_k, use_top_p=use_top_p)
     uniforms = row_uniforms_read(row_seeds_read(*seed, len(temperatures)), per_position, STREAM_TARGET)
     return sample_from_weights(weights, torch.tensor(uniforms, dtype=torch.float64), sums).tolist()

@@ -250,7 +250,6 @@ class AdaptiveDraftLength:
         best = int(rates.argmax())
         if rates[best] < (1 + self.margin) * rates[0]:
             best = 0  # not enough above a plain step to pay for being wrong about the acceptance
-
         return np.minimum(budget, best).tolist()
 
     def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds, evidence) -> None:

@@ -19,6 +19,8 @@ from specverify.decoding import (
     plain_generate,
     speculative_generate,
 )
+from specverify.decoding import draft_length
+from specverify.decoding.draft_length import AdaptiveDraftLength
 from specverify.decoding.examples import EXAMPLES
 
 llamacpp = pytest.importorskip("specverify.decoding.llamacpp", reason="pip install 'specverify[llamacpp]'")
@@ -60,7 +62,7 @@ def f16_file(gguf, tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompt(gguf):
     pytest.importorskip("transformers")
-    return loading.load_tokenizer(gguf).encode_chat(EXAMPLES["copy"])[:40]
+    return loading.load_tokenizer(gguf)[0].encode_chat(EXAMPLES["copy"])[:40]
 
 
 def one_at_a_time(model, tokens: list[int]) -> torch.Tensor:
@@ -178,6 +180,43 @@ def test_the_f16_copy_is_converted_once_and_cached_by_content(gguf, tmp_path, mo
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [path.parent.name]
     model = llamacpp.LlamaCppModel(path, context_length=CONTEXT)
     assert model.vocab_size == 49152
+
+
+def test_calibration_is_kept_per_llama_cpp_threads_in_the_weights_cache_folder(gguf, tmp_path, monkeypatch):
+    """-k auto's width costs on llama.cpp are measured once per weights, llama.cpp version and thread count,
+    and read back by the next process (here: the next model object); torch's threads do not key them."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path / "cache"))
+    measured = []
+    calibrate = draft_length.calibrate
+    monkeypatch.setattr(draft_length, "calibrate", lambda *a: measured.append(a[2]) or calibrate(*a))
+
+    def begin(threads: int, f16: bool = False, use_cache: bool = True) -> list[float]:
+        loaded = loading.load_llamacpp(gguf, threads=threads, f16=f16, use_cache=use_cache)
+        session = loaded.model.session(1)
+        session.extend(torch.tensor([[1, 2, 3]]), return_logits=False)
+        policy = AdaptiveDraftLength(max_k=2)
+        policy.begin(loaded.model, session, torch.tensor([[4]]))
+        return policy.costs
+
+    tokenizer_kind = model_cache.TOKENIZER
+    first = begin(1)
+    (folder,) = (tmp_path / "cache").glob(f"*-{tokenizer_kind.name}*")
+    (stored,) = folder.glob("draft-costs-*.json")
+    assert f"-llamacpp{llamacpp.llama_cpp.__version__}-threads1-" in stored.name and measured == [3]
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads + 1)
+    try:
+        assert begin(1) == first and measured == [3]  # read back, whatever torch's threads
+    finally:
+        torch.set_num_threads(torch_threads)
+    begin(2)  # llama.cpp's threads change its costs: measured and kept beside
+    assert measured == [3, 3] and len(list(folder.glob("draft-costs-*.json"))) == 2
+    begin(1, f16=True)  # other weights: their own folder
+    assert measured == [3, 3, 3] and len(list(model_cache.entry_folder(
+        gguf, llamacpp.llama_cpp.__version__, model_cache.LLAMACPP_F16).glob("draft-costs-*.json"))) == 1
+    begin(1, use_cache=False)  # no cache folder: measured in the process
+    assert measured == [3, 3, 3, 3]
 
 
 def test_the_f16_copy_is_the_same_model(q4, f16_file, prompt):

@@ -2,12 +2,14 @@
 
 The adaptive draft length (`draft_length.calibrate`) times the target's forward pass at every width
 1..max_k+1 before its first step: about 2.5 s for SmolLM2-135M at 17 widths on one CPU thread, more at 33.
-Those times depend on the model's weights, the machine, the device, torch's thread count and version and
-the batch size, and on nothing a later process changes, so they are kept as a small JSON file inside the
-folder the model was loaded from when that folder is an entry of the model cache (`model_cache`, keyed by
-the GGUF's content; `HFLanguageModel.cache_folder`). Every clone and venv on the machine then shares them,
-and they are removed with the entry when it goes stale. A model without a cache folder (a transformers
-folder of the user's, or one loaded with use_cache=False) is calibrated once per process.
+Those times depend on the model's weights, the machine, the device, the engine that runs the model (its
+version and thread count: `engine_key`) and the batch size, and on nothing a later process changes, so
+they are kept as a small JSON file inside a folder of the model cache that belongs to the model's weights
+(`model_cache`, keyed by the GGUF's content; the target's `cache_folder`: transformers' converted model,
+or for llama.cpp the F16 copy, or the GGUF's cached tokenizer when it runs the file as shipped). Every
+clone and venv on the machine then shares them, and they are removed with the entry when it goes stale.
+A model without a cache folder (a transformers folder of the user's, a GGUF given by path to
+`LlamaCppModel`, or one loaded with use_cache=False) is calibrated once per process.
 
 Writes are atomic (a temporary file renamed into place); a file that cannot be read back as the expected
 number of positive seconds is ignored and measured again; a folder that cannot be written leaves the
@@ -25,14 +27,20 @@ from pathlib import Path
 import torch
 
 
-def cost_file(folder: Path, device: torch.device, batch: int, widths: int) -> Path:
-    """The file holding the costs of widths 1..widths at this batch size, on this device, with this
-    process's torch version and thread count (CPU) or GPU name (CUDA), and this machine's CPU count."""
+def torch_engine_key(device: torch.device) -> str:
+    """What a torch model's forward time depends on besides its weights: torch's version, and its thread
+    count (CPU) or the GPU's name (CUDA)."""
     if device.type == "cuda":
         where = re.sub(r"[^A-Za-z0-9.]+", "_", torch.cuda.get_device_name(device))
     else:
         where = f"threads{torch.get_num_threads()}"
-    name = f"draft-costs-{device.type}-{where}-cpus{os.cpu_count()}-torch{torch.__version__}-batch{batch}-widths{widths}"
+    return f"torch{torch.__version__}-{where}"
+
+
+def cost_file(folder: Path, device: torch.device, batch: int, widths: int, engine_key: str) -> Path:
+    """The file holding the costs of widths 1..widths at this batch size, on this device, with this engine
+    (`engine_key`: its version and threads, e.g. `torch_engine_key`) and this machine's CPU count."""
+    name = f"draft-costs-{device.type}-{engine_key}-cpus{os.cpu_count()}-batch{batch}-widths{widths}"
     return folder / f"{name}.json"
 
 

@@ -48,7 +48,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .cost_cache import cost_file, read_costs, write_costs
+from .cost_cache import cost_file, read_costs, torch_engine_key, write_costs
 from .model import LanguageModel, Session
 
 #: Default largest draft length of the adaptive policy. On a CPU a wide pass costs far less per token
@@ -174,11 +174,14 @@ def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> li
 
 def stored_calibration(target: LanguageModel, session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:
     """`calibrate`'s costs, read from the target's cache folder when an earlier process measured them
-    (`cost_cache`), else measured and stored there. A target without a `cache_folder` is measured."""
+    (`cost_cache`), else measured and stored there. A target without a `cache_folder` is measured. The
+    file is keyed by the target's `engine_key` (a torch model's when it has none: `torch_engine_key`)."""
     folder = getattr(target, "cache_folder", None)
     if folder is None:
         return calibrate(session, last_tokens, max_width)
-    path = cost_file(Path(folder), session.lengths.device, last_tokens.shape[0], max_width)
+    device = session.lengths.device
+    engine = getattr(target, "engine_key", None) or torch_engine_key(device)
+    path = cost_file(Path(folder), device, last_tokens.shape[0], max_width, engine)
     costs = read_costs(path, max_width)
     if costs is None:
         costs = calibrate(session, last_tokens, max_width)

@@ -68,10 +68,19 @@ def _check_threads(threads: int) -> int:
 class LlamaCppModel:
     """A GGUF model run by llama.cpp on the CPU. path: the .gguf file; threads: llama.cpp's threads;
     context_length: the most positions one row may hold (`max_context`; default: the model's training
-    context, at most DEFAULT_CONTEXT)."""
+    context, at most DEFAULT_CONTEXT); cache_folder: where measurements of this model may be kept across
+    processes (a model-cache folder of its weights, see `cost_cache`), or None."""
 
-    def __init__(self, path: str | Path, *, threads: int = 1, context_length: int | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        threads: int = 1,
+        context_length: int | None = None,
+        cache_folder: Path | None = None,
+    ):
         self.threads = _check_threads(threads)
+        self.cache_folder = cache_folder
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"path must be a GGUF file (got {str(path)!r}, which is not a file)")
@@ -93,6 +102,12 @@ class LlamaCppModel:
         self._idle: dict[int, list[ctypes.c_void_p]] = {}
         self._open = 0  # sessions holding a context
         self._closing = False
+
+    @property
+    def engine_key(self) -> str:
+        """What a forward pass's time depends on besides the weights (`cost_cache`): llama.cpp's version
+        and threads."""
+        return f"llamacpp{llama_cpp.__version__}-threads{self.threads}"
 
     def session(self, batch_size: int) -> LlamaCppSession:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -191,13 +191,14 @@ def _llamacpp():
     return llamacpp
 
 
-def load_tokenizer(gguf: Path, *, use_cache: bool = True) -> ChatTokenizer:
-    """transformers' chat tokenizer of a GGUF file, cached on its own (`model_cache.TOKENIZER`)."""
+def load_tokenizer(gguf: Path, *, use_cache: bool = True) -> tuple[ChatTokenizer, Path | None]:
+    """transformers' chat tokenizer of a GGUF file, cached on its own (`model_cache.TOKENIZER`) -> (the
+    tokenizer, its cache folder: None when use_cache is off or the cache could not be written)."""
     transformers = _transformers()
     folder = model_cache.entry_folder(gguf, transformers.__version__, model_cache.TOKENIZER) if use_cache else None
     if folder is not None and model_cache.is_complete(folder, model_cache.TOKENIZER):
         try:
-            return ChatTokenizer(transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True))
+            return ChatTokenizer(transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)), folder
         except OSError:  # removed by another process while we read it: convert again
             pass
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
@@ -206,12 +207,13 @@ def load_tokenizer(gguf: Path, *, use_cache: bool = True) -> ChatTokenizer:
             model_cache.write_entry(folder, tokenizer.save_pretrained, model_cache.TOKENIZER)
         except OSError as err:
             print(f"specverify: could not cache the tokenizer in {folder}: {err}", file=sys.stderr)
-    return ChatTokenizer(tokenizer)
+            folder = None
+    return ChatTokenizer(tokenizer), folder
 
 
 def llamacpp_f16(gguf: Path, *, threads: int = 1) -> Path:
     """llama.cpp's F16 copy of a GGUF file, converted once (`llamacpp.convert_to_f16`) and cached by content
-    (`model_cache.LLAMACPP_F16`, keyed by llama-cpp-python's version) -> the cached file."""
+    (`model_cache.LLAMACPP_F16`, keyed by llama-cpp-python's version) -> the cached file (in its folder)."""
     llamacpp = _llamacpp()
     kind = model_cache.LLAMACPP_F16
     folder = model_cache.entry_folder(gguf, llamacpp.llama_cpp.__version__, kind)
@@ -224,11 +226,14 @@ def llamacpp_f16(gguf: Path, *, threads: int = 1) -> Path:
 
 def load_llamacpp(gguf: Path, *, threads: int = 1, f16: bool = False, use_cache: bool = True) -> LoadedModel:
     """A GGUF model on llama.cpp: the file as shipped, or its F16 copy (f16=True; always cached, whatever
-    use_cache says: converting it on every load would write 2 bytes per weight each time)."""
+    use_cache says: converting it on every load would write 2 bytes per weight each time). Measurements
+    of the model (`cost_cache`) are kept in the F16 copy's folder, or for the file as shipped in its
+    tokenizer's (both keyed by the GGUF's content), unless use_cache is off."""
     llamacpp = _llamacpp()
     start = time.perf_counter()
-    tokenizer = load_tokenizer(gguf, use_cache=use_cache)
+    tokenizer, tokenizer_folder = load_tokenizer(gguf, use_cache=use_cache)
     weights = llamacpp_f16(gguf, threads=threads) if f16 else gguf
-    model = llamacpp.LlamaCppModel(weights, threads=threads)
+    folder = (weights.parent if f16 else tokenizer_folder) if use_cache else None
+    model = llamacpp.LlamaCppModel(weights, threads=threads, cache_folder=folder)
     source = f"{gguf.stem}{' as F16' if f16 else ''} (llama.cpp)"
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)

@@ -211,6 +211,33 @@ def test_stop_tokens_and_max_tokens(target):
     assert spec(target, NgramDrafter(), max_tokens=0).tokens == [[], [], []]
 
 
+class CountingDrafter:
+    """Proposes the greedy continuation t+1, t+2, ... of a Markov chain that steps by one token."""
+
+    def propose(self, contexts, k, *, params, seeds, sampled) -> Draft:
+        return Draft(torch.tensor([[(c[-1] + j) % VOCAB for j in range(1, k + 1)] for c in contexts]))
+
+
+def test_a_draft_is_not_verified_past_its_stop_token():
+    """Nothing after a stop token would be kept, so the draft is cut there and the target's pass is no wider."""
+    table = torch.full((VOCAB, VOCAB), -5.0)
+    table[torch.arange(VOCAB), (torch.arange(VOCAB) + 1) % VOCAB] = 5.0  # greedy: t -> t + 1
+    passes = []
+
+    class Recording(MarkovModel):
+        def session(self, batch_size):
+            session = super().session(batch_size)
+            extend = session.extend
+            session.extend = lambda tokens, **kw: passes.append(tokens.clone()) or extend(tokens, **kw)
+            return session
+
+    stop = 12
+    result = speculative_generate(Recording(table), CountingDrafter(), [[3]], k=16, stop_tokens=[stop], max_tokens=50)
+    assert result.tokens == [list(range(4, stop + 1))]
+    assert passes[-1].tolist() == [list(range(3, stop + 1))]  # the last input token, then 4..12: no token past 12
+    assert result.drafted[: stop - 3] == [1] * (stop - 3) and len(result.drafted) == stop - 3
+
+
 def test_markov_protocol_model_speculates_like_plain():
     """Any LanguageModel works: here one without a KV cache, drafted by another."""
     g = torch.Generator().manual_seed(2)

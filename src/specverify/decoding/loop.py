@@ -79,6 +79,13 @@ class _Requests:
         0 for finished rows."""
         return [m - len(g) - 1 if a else 0 for g, a, m in zip(self.generated, self.active, self.max_tokens)]
 
+    def through_stop(self, drafts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Each draft's length cut just after its first stop token. drafts: int64 [B, K], -1 padded;
+        lengths: int64 [B] -> int64 [B]."""
+        stop = self.stop_tokens
+        ends = [next((i + 1 for i, t in enumerate(row) if t in stop), len(row)) for row in drafts.tolist()]
+        return torch.minimum(lengths, torch.tensor(ends, dtype=torch.int64))
+
     def free(self) -> list[bool]:
         """Per row: the grammar does not apply this step (the row is inside a thinking region, or finished)."""
         return [t or not a for t, a in zip(self.thinking, self.active)]
@@ -262,11 +269,14 @@ def _constrain_draft(
     requests: _Requests,
     matchers: GrammarMatchers | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-    """Cut each draft after its first thinking boundary and after its first token the grammar refuses.
+    """Cut each draft after its first stop token (nothing after it would be kept), after its first
+    thinking boundary and after its first token the grammar refuses.
 
     drafts: int64 [B, K]; probs: float32 [B, K, V] or None; lengths: int64 [B]. Returns (drafts [B, K'],
     probs [B, K', V] or None, lengths [B], bitmasks int32 [B, K'+1, ceil(V/32)] or None without a grammar).
     """
+    if requests.stop_tokens and drafts.shape[1]:
+        drafts, probs, lengths = _shorten(drafts, probs, requests.through_stop(drafts, lengths))
     if requests.regions is not None:
         drafts, probs, lengths = _shorten(drafts, probs, requests.regions.draft_lengths(drafts, lengths))
     if matchers is None:

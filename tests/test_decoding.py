@@ -19,7 +19,7 @@ from specverify.decoding import (
     plain_generate,
     speculative_generate,
 )
-from specverify.decoding.drafters import lookup_continuation, pad_rows
+from specverify.decoding.drafters import SuffixIndex, lookup_continuation, pad_rows
 from specverify.decoding.params import base_seeds, row_params
 
 VOCAB = 48
@@ -357,6 +357,34 @@ def reference_match_length(context: list[int], max_ngram: int, min_ngram: int) -
         if any(context[start : start + n] == context[-n:] for start in range(len(context) - n)):
             return n
     return 0
+
+
+def test_a_row_s_suffix_index_follows_its_context_as_it_grows_and_when_it_changes():
+    """The drafter's per-row index, synced step after step (appends, and contexts that shrink or change
+    under it), always gives the searches of a fresh index and the definition's match length."""
+    generator = torch.Generator().manual_seed(2)
+    drafter = NgramDrafter(max_ngram=4)
+    rows = [[0], [1, 2]]
+    for step in range(400):
+        kind = int(torch.randint(0, 10, (), generator=generator))
+        for row in rows:
+            if kind < 7:  # decoding: a few tokens appended
+                row += torch.randint(0, 3, (int(torch.randint(1, 4, (), generator=generator)),), generator=generator).tolist()
+            elif kind == 7 and len(row) > 2:  # rolled back
+                del row[len(row) // 2 :]
+            elif kind == 8:  # an earlier token replaced: same length, other content
+                row[int(torch.randint(0, len(row), (), generator=generator))] += 1
+        contexts = [list(r) for r in rows] if kind == 9 else rows  # new list objects, same content
+        evidence = drafter.evidence(contexts)
+        for index, context, got in zip(drafter._indexes, contexts, evidence):
+            assert index.tokens == context
+            assert index.longest_suffix(4, 1) == SuffixIndex(context).longest_suffix(4, 1)
+            assert got == reference_match_length(context, 4, 1), (step, context)
+            starts = [i + got for i in range(len(context) - got) if got and context[i : i + got] == context[-got:]]
+            assert index.longest_suffix(4, 1)[1] == starts  # every earlier occurrence, in order
+    assert SuffixIndex([5, 6, 5, 6, 7, 5, 6]).longest_suffix(8, 1) == (2, [2, 4])
+    assert SuffixIndex([5, 6, 5, 6, 7, 5, 6]).longest_suffix(8, 3) == (0, [])
+    assert SuffixIndex([5, 7, 6, 5]).longest_suffix(8, 1) == (1, [1])
 
 
 def test_ngram_evidence_is_the_match_length_and_zero_exactly_when_nothing_is_proposed():

@@ -23,7 +23,7 @@ import torch
 
 import specverify
 
-from .drafters import DRAFT_SEED_OFFSET, check_ngram_range, common_prefix, pad_rows, suffix_continuations
+from .drafters import DRAFT_SEED_OFFSET, SuffixIndex, check_ngram_range, common_prefix, pad_rows
 from .model import PAD, LanguageModel
 from .params import GOLDEN, RowParams
 
@@ -78,7 +78,7 @@ def continuation_trie(context: Sequence[int], nodes: int, depth: int, max_ngram:
     if nodes <= 0 or depth <= 0:
         return [], []
     values = list(context)
-    starts = suffix_continuations(values, max_ngram, min_ngram)[1].tolist()
+    starts = SuffixIndex(values).longest_suffix(max_ngram, min_ngram)[1]
     index: dict[tuple[int, int], int] = {}
     token, parent, count, latest, children = [], [], [], [], []
     for start in reversed(starts):  # the most recent first

@@ -241,11 +241,12 @@ class AdaptiveDraftLength:
         return rates
 
     def choose(self, budgets: Sequence[int], evidence: Sequence[int] | None) -> list[int]:
-        budget = np.minimum(np.asarray(budgets, dtype=np.int64), self.max_k)
+        limits = [min(b, self.max_k) for b in budgets]
         if evidence is not None:
-            budget[np.asarray(evidence) <= 0] = 0  # nothing to draft
-        if not budget.size or int(budget.max()) == 0:
-            return budget.tolist()
+            limits = [n if e > 0 else 0 for n, e in zip(limits, evidence)]  # evidence 0: nothing to draft
+        if max(limits, default=0) == 0:
+            return limits
+        budget = np.array(limits, dtype=np.int64)
         k = np.minimum(np.arange(self.max_k + 1), budget[:, None])  # [B, max_k + 1]
         tokens = expected_tokens(self.acceptance(evidence_classes(evidence, len(budget))), k)[budget > 0].sum(0)
         seconds = np.asarray(self.costs) * self.load + self.overhead
@@ -256,31 +257,34 @@ class AdaptiveDraftLength:
         return np.minimum(budget, best).tolist()
 
     def observe(self, drafted, accepted, probe_hits, width, forward_seconds, step_seconds, evidence) -> None:
-        drafted_ = np.asarray(drafted, dtype=np.int64)
-        accepted_ = np.minimum(np.asarray(accepted, dtype=np.int64), drafted_)
-        probed = np.array([h is not None for h in probe_hits])
-        hit = np.array([h is True for h in probe_hits])
-        # a probe is a one-token draft, accepted or not
-        drafted_ = np.where(probed, 1, drafted_)
-        accepted_ = np.where(probed, hit, accepted_)
-        # only the rows that drafted (or probed) learn, in the class of their evidence: position j passed
-        # when j < accepted, failed when j == accepted < drafted; from POSITIONS - 1 on positions share the
-        # last bucket
-        rows = np.flatnonzero(drafted_ > 0)
-        at = (rows, evidence_classes(evidence, len(drafted_))[rows])
-        drafted_, accepted_ = drafted_[rows], accepted_[rows]
-        passed = np.minimum(accepted_, POSITIONS - 1)
-        successes = self.decay * self.successes[at]
-        successes[:, : POSITIONS - 1] += np.arange(POSITIONS - 1) < passed[:, None]
-        successes[:, POSITIONS - 1] += np.maximum(accepted_ - (POSITIONS - 1), 0)
-        failures = self.decay * self.failures[at]
-        failed = accepted_ < drafted_
-        failures[failed, passed[failed]] += 1
-        self.successes[at], self.failures[at] = successes, failures
-        self.first_weight[at] *= self.decay
+        # a probe is a one-token draft, accepted or not; only the rows that drafted (or probed) learn, in
+        # the class of their evidence (the per-row bookkeeping in Python: a few rows cost less than the
+        # numpy calls it would take)
+        learned = [
+            (b, 1, int(hit)) if hit is not None else (b, n, min(a, n))
+            for b, (n, a, hit) in enumerate(zip(drafted, accepted, probe_hits))
+            if hit is not None or n > 0
+        ]
+        if learned:
+            rows, drafted_, accepted_ = (np.array(column, dtype=np.int64) for column in zip(*learned))
+            self._count(rows, evidence_classes(evidence, len(drafted))[rows], drafted_, accepted_)
         if 1 <= width <= len(self.costs):
             self.load += COST_RATE * (forward_seconds / self.costs[width - 1] - self.load)
         self.overhead += COST_RATE * (max(step_seconds - forward_seconds, 0.0) - self.overhead)
+
+    def _count(self, rows: np.ndarray, classes: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Decay and add one draft's outcome per (row, class): position j passed when j < accepted, failed
+        when j == accepted < drafted; from POSITIONS - 1 on positions share the last bucket. All int64 [R]."""
+        at = (rows, classes)
+        passed = np.minimum(accepted, POSITIONS - 1)
+        successes = self.decay * self.successes[at]
+        successes[:, : POSITIONS - 1] += np.arange(POSITIONS - 1) < passed[:, None]
+        successes[:, POSITIONS - 1] += np.maximum(accepted - (POSITIONS - 1), 0)
+        failures = self.decay * self.failures[at]
+        failed = accepted < drafted
+        failures[failed, passed[failed]] += 1
+        self.successes[at], self.failures[at] = successes, failures
+        self.first_weight[at] *= self.decay
 
 
 def evidence_classes(evidence: Sequence[int] | None, batch: int) -> np.ndarray:

@@ -231,25 +231,25 @@ def _shorten(
 def _fit_draft(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    limits: torch.Tensor,
+    limits: list[int],
     sampled: bool,
     vocab_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Cut a drafter's proposal to what each row can use and to the longest row.
 
-    draft_tokens: int [B, >= max(limits)]; draft_probs: float [B, K, V] or None; limits: int64 [B], each
-    row's chosen draft length.
+    draft_tokens: int [B, >= max(limits)]; draft_probs: float [B, K, V] or None; limits: each row's
+    chosen draft length (B ints).
     Returns (tokens int64 [B, K'] right-padded with -1, probs float32 [B, K', V] in sampled mode (one-hot
     for a deterministic draft, zero at padding) else None, drafted lengths int64 [B]).
     """
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2 or draft_tokens.shape[0] != len(limits):
         raise ValueError(f"the drafter must return tokens of shape [B={len(limits)}, K] (got {draft_tokens!r:.80})")
-    width = int(limits.max()) if len(limits) else 0
+    width = max(limits, default=0)
     if width == 0:  # no row drafts (most steps where drafts fail): nothing to cut
         none = torch.empty(len(limits), 0, dtype=torch.int64)
         return none, torch.empty(len(limits), 0, vocab_size) if sampled else None, torch.zeros(len(limits), dtype=torch.int64)
     tokens = draft_tokens[:, :width].to("cpu", torch.int64)
-    lengths = torch.minimum(((tokens != PAD).cumprod(1) > 0).sum(1), limits)
+    lengths = torch.minimum(((tokens != PAD).cumprod(1) > 0).sum(1), torch.tensor(limits, dtype=torch.int64))
     probs = None
     if sampled and draft_probs is None:
         probs = torch.nn.functional.one_hot(tokens.clamp_min(0), vocab_size).float()
@@ -349,10 +349,10 @@ def speculative_generate(
         step_start = time.perf_counter()
         seeds = requests.seeds()
         evidence = drafter_evidence(drafter, requests.contexts)
-        lengths = torch.tensor(policy.choose(requests.draft_budgets(), evidence), dtype=torch.int64)
-        probing = policy.probes and any(a and n == 0 for a, n in zip(requests.active, lengths.tolist()))
+        lengths = policy.choose(requests.draft_budgets(), evidence)
+        probing = policy.probes and any(a and n == 0 for a, n in zip(requests.active, lengths))
         draft = drafter.propose(
-            requests.contexts, max(int(lengths.max()), int(probing)), params=rows, seeds=seeds, sampled=sampled
+            requests.contexts, max(max(lengths), int(probing)), params=rows, seeds=seeds, sampled=sampled
         )
         probes = _probe_tokens(draft.tokens, lengths, requests.active) if probing else None
         drafts, probs, drafted = _fit_draft(draft.tokens, draft.probs, lengths, sampled, target.vocab_size)
@@ -398,8 +398,8 @@ def speculative_generate(
     return _finish(result, matchers, start)
 
 
-def _probe_tokens(tokens: torch.Tensor, lengths: torch.Tensor, active: list[bool]) -> list[int | None]:
+def _probe_tokens(tokens: torch.Tensor, lengths: list[int], active: list[bool]) -> list[int | None]:
     """The one-token probe of each running row given no draft: its drafter's first token (None where it
-    proposed nothing, the row drafts, or it has finished). tokens: int [B, >= 1]; lengths: int64 [B]."""
+    proposed nothing, the row drafts, or it has finished). tokens: int [B, >= 1]; lengths: B draft lengths."""
     first = tokens[:, 0].tolist() if tokens.shape[1] else [PAD] * len(active)
-    return [t if a and n == 0 and t != PAD else None for t, n, a in zip(first, lengths.tolist(), active)]
+    return [t if a and n == 0 and t != PAD else None for t, n, a in zip(first, lengths, active)]

@@ -210,9 +210,17 @@ def test_calibration_leaves_the_session_as_it_was(target):  # noqa: F811
     assert torch.allclose(session.extend(step), fresh.extend(step))
 
 
-def test_calibration_keeps_each_width_s_fastest_sweep(monkeypatch):
-    """Noise only slows a pass: each width's cost is its fastest over the sweeps, not its last or mean."""
-    clock, durations = [0.0], [9.0, 1.0, 5.0, 2.0, 3.0]  # untimed widest pass, then widths 1, 2 twice
+def test_calibration_keeps_each_width_s_fastest_time_once_another_agrees(monkeypatch):
+    """Noise only slows a pass: a width's cost is its fastest time, and a width whose two fastest times
+    disagree (by more than 10%) is timed again, at most 5 times in all."""
+    clock = [0.0]
+    durations = [
+        9.0,  # untimed widest pass
+        1.0, 5.0, 2.0,  # sweep 1: widths 1, 2, 3 (the clock adds up: compare approximately)
+        1.05, 3.0, 9.0,  # sweep 2: width 1 agrees; width 2 (3.0 against 5.0) and 3 (2.0 against 9.0) do not
+        2.9,  # width 2 again: 2.9 and 3.0 agree
+        4.0, 8.0, 7.0,  # width 3 again and again: never agrees, stops at 5 times
+    ]
 
     class ClockSession:
         lengths = torch.tensor([3])
@@ -226,7 +234,8 @@ def test_calibration_keeps_each_width_s_fastest_sweep(monkeypatch):
 
     monkeypatch.setattr(draft_length.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(draft_length, "CALIBRATION_ROUNDS", 2)
-    assert calibrate(ClockSession(), torch.tensor([[5]]), 2) == [1.0, 3.0] and not durations
+    monkeypatch.setattr(draft_length, "CALIBRATION_SAMPLES", 5)
+    assert calibrate(ClockSession(), torch.tensor([[5]]), 3) == pytest.approx([1.0, 2.9, 2.0]) and not durations
 
 
 @pytest.mark.parametrize("bad", [-1, "fast", True, 2.5, None])
@@ -280,29 +289,29 @@ def _begin(model, max_k=3):
 
 def test_calibration_is_stored_in_the_model_cache_folder_and_read_back(target, tmp_path):  # noqa: F811
     costs, passes = _begin(CountingModel(target, tmp_path))
-    assert passes == 9  # one untimed pass at the widest width, then widths 1..4 twice (the faster kept)
-    files = list(tmp_path.glob("draft-costs-*.json"))
+    assert passes >= 9  # one untimed pass at the widest width, then widths 1..4 twice (and where they disagree, more)
+    files = list(tmp_path.glob("draft-costs*.json"))
     assert len(files) == 1 and f"threads{torch.get_num_threads()}" in files[0].name and "batch2-widths4" in files[0].name
     again, passes = _begin(CountingModel(target, tmp_path))  # another process's model object: no pass at all
     assert passes == 0 and again == costs
     _, passes = _begin(CountingModel(target, tmp_path), max_k=2)  # other widths: another file
-    assert passes == 7 and len(list(tmp_path.glob("draft-costs-*.json"))) == 2
+    assert passes >= 7 and len(list(tmp_path.glob("draft-costs*.json"))) == 2
 
 
 @pytest.mark.parametrize("content", ["not json", "[1.0, 2.0]", '[1.0, 2.0, -3.0, 4.0]', '{"a": 1}', "[1, 2, true, 4]"])
 def test_a_damaged_calibration_file_is_measured_again(target, tmp_path, content):  # noqa: F811
     _, passes = _begin(CountingModel(target, tmp_path))
-    (path,) = tmp_path.glob("draft-costs-*.json")
+    (path,) = tmp_path.glob("draft-costs*.json")
     path.write_text(content)
     costs, passes = _begin(CountingModel(target, tmp_path))
-    assert passes == 9 and len(costs) == 4 and all(c > 0 for c in costs)
+    assert passes >= 9 and len(costs) == 4 and all(c > 0 for c in costs)
     assert json.loads(path.read_text()) == costs  # and stored again
 
 
 def test_without_a_cache_folder_calibration_is_per_process(target, tmp_path):  # noqa: F811
     _, passes = _begin(CountingModel(target, None))
-    assert passes == 9
+    assert passes >= 9
     not_a_folder = tmp_path / "a-file"  # (root ignores a read-only mode, so a file stands for what cannot be written)
     not_a_folder.write_text("")
     _, passes = _begin(CountingModel(target, not_a_folder))  # cannot store: measures, and says nothing
-    assert passes == 9 and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    assert passes >= 9 and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

@@ -27,6 +27,11 @@ from pathlib import Path
 import torch
 
 
+#: The calibration method's version in file names: files measured another way (a single sweep, before
+#: `draft_length.calibrate` re-timed disagreeing widths) are not read.
+METHOD = "2"
+
+
 def torch_engine_key(device: torch.device) -> str:
     """What a torch model's forward time depends on besides its weights: torch's version, and its thread
     count (CPU) or the GPU's name (CUDA)."""
@@ -40,7 +45,7 @@ def torch_engine_key(device: torch.device) -> str:
 def cost_file(folder: Path, device: torch.device, batch: int, widths: int, engine_key: str) -> Path:
     """The file holding the costs of widths 1..widths at this batch size, on this device, with this engine
     (`engine_key`: its version and threads, e.g. `torch_engine_key`) and this machine's CPU count."""
-    name = f"draft-costs-{device.type}-{engine_key}-cpus{os.cpu_count()}-batch{batch}-widths{widths}"
+    name = f"draft-costs{METHOD}-{device.type}-{engine_key}-cpus{os.cpu_count()}-batch{batch}-widths{widths}"
     return folder / f"{name}.json"
 
 

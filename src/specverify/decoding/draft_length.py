@@ -83,11 +83,15 @@ MARGIN = 0.1
 #: Evidence classes: class 0 for a drafter that gives no evidence, class min(e, EVIDENCE_CLASSES - 1)
 #: for evidence e >= 1 (n-gram: matches of 1, 2, 3 and 4 or more tokens).
 EVIDENCE_CLASSES = 5
-#: Sweeps over the widths when calibrating, each width's cost the fastest: noise only ever slows a pass,
-#: and one sweep on a busy machine read a width at twice its cost (llama.cpp F16, width 12: 209 ms against
-#: 108), which steered the choice (virtual-time replay on the built-in copy example, Q4_1 costs: 1.26x
-#: plain decoding with one noisy sweep, 1.51x with the fastest of four).
+#: Sweeps over the widths when calibrating. Noise only ever slows a pass, so a width's cost is its fastest
+#: time, trusted once another time agrees with it: one sweep on a busy machine read widths at up to 2.5x
+#: their cost (llama.cpp, Q4_1, width 7: 205 ms against 81; F16, width 12: 209 against 108), which steered
+#: the choice (virtual-time replay of the built-in copy example on Q4_1: 1.26x plain decoding with one
+#: noisy sweep's costs, 1.51x with the fastest of four).
 CALIBRATION_ROUNDS = 2
+#: The most times one width is timed, and how close (ratio) its two fastest times must be to stop sooner.
+CALIBRATION_SAMPLES = 5
+CALIBRATION_AGREEMENT = 1.1
 #: Weight of a new step's load (its time over its width's calibrated time) in the running load factor.
 COST_RATE = 0.3
 
@@ -163,8 +167,9 @@ def expected_tokens(acceptance: np.ndarray, k: np.ndarray) -> np.ndarray:
 @torch.inference_mode()
 def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:
     """Seconds of the target's forward pass at each width 1..max_width on this session, which is left as
-    it was: the fastest of CALIBRATION_ROUNDS sweeps. last_tokens: int64 [B, 1]; returns costs[w - 1] for
-    width w."""
+    it was. Each width is timed in CALIBRATION_ROUNDS sweeps, then again (up to CALIBRATION_SAMPLES times)
+    until its two fastest times agree within CALIBRATION_AGREEMENT; its cost is the fastest. last_tokens:
+    int64 [B, 1]; returns costs[w - 1] for width w."""
     before = session.lengths.to("cpu", copy=True)
 
     def timed(width: int) -> float:
@@ -176,7 +181,12 @@ def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> li
 
     timed(max_width)  # the first pass at a new shape allocates; not a measurement
     sweeps = [[timed(w) for w in range(1, max_width + 1)] for _ in range(CALIBRATION_ROUNDS)]
-    return [min(times) for times in zip(*sweeps)]
+    costs = []
+    for width, times in enumerate(map(sorted, zip(*sweeps)), 1):
+        while len(times) < CALIBRATION_SAMPLES and times[1] > CALIBRATION_AGREEMENT * times[0]:
+            times = sorted([*times, timed(width)])
+        costs.append(times[0])
+    return costs
 
 
 def stored_calibration(target: LanguageModel, session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:

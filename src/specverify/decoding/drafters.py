@@ -87,14 +87,19 @@ class SuffixIndex:
         self._pairs: dict[tuple[int, int], list[int]] = {}
         #: b -> ascending i with tokens[i] = b and i < len - 1
         self._singles: dict[int, list[int]] = {}
+        #: The last search of these tokens: ((max_ngram, min_ngram), its result), or None.
+        self._found: tuple[tuple[int, int], tuple[int, list[int]]] | None = None
         self.sync(context)
 
     def sync(self, context: Sequence[int]) -> None:
         """Hold exactly context (L token ids)."""
         context = context if isinstance(context, list) else [int(t) for t in context]
         held = len(self.tokens)
+        if len(context) == held and context == self.tokens:
+            return  # unchanged: the last search still holds
         if len(context) < held or context[:held] != self.tokens:
             self.tokens, self._pairs, self._singles, held = [], {}, {}, 0
+        self._found = None
         tokens = self.tokens
         tokens += context[held:]
         for i in range(max(held - 1, 0), len(tokens) - 1):  # positions newly followed by a token
@@ -102,10 +107,21 @@ class SuffixIndex:
             if i:
                 self._pairs.setdefault((tokens[i - 1], tokens[i]), []).append(i)
 
+    def continuation(self, k: int, max_ngram: int, min_ngram: int) -> list[int]:
+        """Prompt lookup: the k tokens (at most) that followed the most recent earlier occurrence of the
+        longest suffix (`longest_suffix`); none when no suffix recurs."""
+        starts = self.longest_suffix(max_ngram, min_ngram)[1]
+        return self.tokens[starts[-1] : starts[-1] + k] if starts else []
+
     def longest_suffix(self, max_ngram: int, min_ngram: int) -> tuple[int, list[int]]:
         """The longest suffix (max_ngram down to min_ngram tokens) that occurred before, and where its
         continuations start (the index after each earlier occurrence) -> (its length, 0 when no suffix
         recurs; the starts ascending, the most recent last, empty when none recurs)."""
+        if self._found is None or self._found[0] != (max_ngram, min_ngram):
+            self._found = (max_ngram, min_ngram), self._search(max_ngram, min_ngram)
+        return self._found[1]
+
+    def _search(self, max_ngram: int, min_ngram: int) -> tuple[int, list[int]]:
         tokens = self.tokens
         n = min(max_ngram, len(tokens) - 1)
         if n < min_ngram:
@@ -138,10 +154,7 @@ def lookup_continuation(context: Sequence[int], k: int, max_ngram: int, min_ngra
     """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the longest
     suffix of context (max_ngram down to min_ngram tokens) that occurred before. context: L token ids ->
     at most k ids (none when no suffix recurs)."""
-    _, starts = SuffixIndex(context).longest_suffix(max_ngram, min_ngram)
-    if not starts:
-        return []
-    return [int(t) for t in context[starts[-1] : starts[-1] + k]]
+    return SuffixIndex(context).continuation(k, max_ngram, min_ngram)
 
 
 class NgramDrafter:
@@ -157,29 +170,21 @@ class NgramDrafter:
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = check_ngram_range(max_ngram, min_ngram)
-        #: One index per row, synced to the row's context by each `evidence` call.
+        #: One index per row, synced to the row's context by `evidence` and `propose` (a search of an
+        #: unchanged context is not repeated, so `propose` after `evidence` reuses it).
         self._indexes: list[SuffixIndex] = []
-        #: The last `evidence` call's searches: (context, its length, the continuation's start or None).
-        self._searched: list[tuple[Sequence[int], int, int | None]] = []
 
-    def evidence(self, contexts: Sequence[Sequence[int]]) -> list[int]:
-        """Per context, the length of its longest suffix that recurred (0 when none: no draft). A
-        `propose` on the same, unchanged contexts right after reuses these searches."""
+    def _synced(self, contexts: Sequence[Sequence[int]]) -> list[SuffixIndex]:
+        """The rows' indexes, each holding its context."""
         if len(self._indexes) != len(contexts):
             self._indexes = [SuffixIndex() for _ in contexts]
-        found = []
         for index, context in zip(self._indexes, contexts):
             index.sync(context)
-            found.append(index.longest_suffix(self.max_ngram, self.min_ngram))
-        self._searched = [(c, len(c), starts[-1] if starts else None) for c, (_, starts) in zip(contexts, found)]
-        return [length for length, _ in found]
+        return self._indexes
 
-    def _continuation(self, row: int, context: Sequence[int], k: int) -> list[int]:
-        """The lookup's k tokens for one context, from the last evidence search when it was this context."""
-        if row < len(self._searched) and self._searched[row][0] is context and self._searched[row][1] == len(context):
-            start = self._searched[row][2]
-            return [] if start is None else list(context[start : start + k])
-        return lookup_continuation(context, k, self.max_ngram, self.min_ngram)
+    def evidence(self, contexts: Sequence[Sequence[int]]) -> list[int]:
+        """Per context, the length of its longest suffix that recurred (0 when none: no draft)."""
+        return [index.longest_suffix(self.max_ngram, self.min_ngram)[0] for index in self._synced(contexts)]
 
     def propose(
         self,
@@ -190,7 +195,8 @@ class NgramDrafter:
         seeds: torch.Tensor,
         sampled: bool,
     ) -> Draft:
-        return Draft(pad_rows([self._continuation(row, c, k) for row, c in enumerate(contexts)], k))
+        indexes = self._synced(contexts)
+        return Draft(pad_rows([index.continuation(k, self.max_ngram, self.min_ngram) for index in indexes], k))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-PAD = -1
+from .contract import PAD
 
 
 def _check_integer_tensors(*arguments: tuple[str, object, str]) -> None:

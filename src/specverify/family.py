@@ -7,7 +7,8 @@ import torch
 
 from . import checks
 from .rng import STREAM_ACCEPT, keyed_uniform, per_row_seeds, row_keys
-from .sampler import DRAFT_PROPOSALS, stochastic_acceptance_sampler
+from .contract import DRAFT_PROPOSALS
+from .sampler import stochastic_acceptance_sampler
 
 
 def greedy_acceptance_sampler(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .contract import ROW_STRIDE
+
 #: Stream of the target sample y_j (SPEC §3.1) and of every bonus token.
 STREAM_TARGET = 0
 #: Stream of the accept coin u of the sampled-draft test (SPEC §3.2).
@@ -18,9 +20,6 @@ STREAM_RESIDUAL = 2
 #: First stream of the accept coins of later siblings in a sampled tree walk (SPEC §8): the child of
 #: rank r >= 1 uses stream STREAM_SIBLING + r - 1 (rank 0 uses STREAM_ACCEPT, as a chain does).
 STREAM_SIBLING = 3
-
-#: Row spreading constant for a seed shared by the batch (SPEC §4): row b uses s + b * ROW_STRIDE.
-ROW_STRIDE = 0x9E3779B97F4A7C15
 
 _MASK64 = (1 << 64) - 1
 #: Up to this many keys on the CPU, keyed_uniform_read mixes them as Python ints (one read, one write):

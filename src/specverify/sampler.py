@@ -16,6 +16,7 @@ import torch
 from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
+from .contract import DRAFT_PROPOSALS
 from .rng import (
     HOST_KEYS, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds,
     row_keys, seed_tensor,
@@ -25,8 +26,6 @@ from .verdicts import (
     argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict,
     whole_call_verdicts,
 )
-
-DRAFT_PROPOSALS = ("argmax", "sampled")
 
 
 @dataclass(frozen=True)

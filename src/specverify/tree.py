@@ -29,12 +29,11 @@ import torch
 from . import checks
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
+from .contract import DRAFT_PROPOSALS, SIBLING_DRAWS
 from .rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
 from .truncation import is_greedy, skips_rows, truncated_weights
 from .verdicts import sampled_verdict
 
-DRAFT_PROPOSALS = ("argmax", "sampled")
-SIBLING_DRAWS = ("with_replacement", "without_replacement")
 
 
 def tree_acceptance_sampler(

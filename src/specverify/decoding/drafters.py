@@ -19,7 +19,8 @@ import torch
 
 import specverify
 
-from .model import PAD, LanguageModel, Session
+from ..contract import PAD
+from .model import LanguageModel, Session
 from .params import RowParams
 
 #: Added to the verifier's per-row seed for the draft model's own draws: a key region far from the

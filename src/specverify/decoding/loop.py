@@ -19,16 +19,15 @@ import torch
 
 import specverify
 
+from ..contract import DRAFT_PROPOSALS, PAD
 from .draft_length import DraftLength, draft_length_policy
 from .drafters import Drafter, drafter_evidence, pad_rows
 from .grammar import Grammar, GrammarMatchers, grammar_rows
-from .model import PAD, LanguageModel, Session, check_context
+from .model import LanguageModel, Session, check_context
 from .params import RowParams, SamplingParams, base_seeds, row_params
 from .result import GenerationResult, StepEvent
 from .thinking import ThinkingRegions
 from .warmup import warm_up
-
-DRAFT_PROPOSALS = ("argmax", "sampled")
 
 OnStep = Callable[[StepEvent], None]
 GrammarArg = Grammar | Sequence[Grammar | None] | None

@@ -19,7 +19,8 @@ from typing import Protocol
 
 import torch
 
-from .tree_attention import PAD, path_slots, tree_ancestry, tree_attention_mask, tree_nodes, tree_positions
+from ..contract import PAD
+from .tree_attention import path_slots, tree_ancestry, tree_attention_mask, tree_nodes, tree_positions
 
 
 class Session(Protocol):

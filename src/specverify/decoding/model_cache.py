@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import cache_root
+
 #: Hex digits of the SHA-256 kept in a folder name (64 bits: collisions are not a concern).
 DIGEST_CHARS = 16
 #: The file every complete folder holds (transformers' single-file weights).
@@ -56,11 +58,6 @@ TRANSFORMERS = Kind("transformers", WEIGHTS)
 TOKENIZER = Kind("tokenizer_transformers", "tokenizer_config.json")
 #: llama.cpp's F16 copy of a GGUF (`llama_model_quantize`), versioned by llama-cpp-python.
 LLAMACPP_F16 = Kind("F16_llamacpp", "model.F16.gguf")
-
-
-def cache_root() -> Path:
-    """Where de-quantised models are kept: $SPECVERIFY_CACHE, else ~/.cache/specverify (as the kernels)."""
-    return Path(os.environ.get("SPECVERIFY_CACHE") or Path.home() / ".cache" / "specverify")
 
 
 def content_digest(path: Path) -> str:

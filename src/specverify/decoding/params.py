@@ -9,8 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-#: Row b of a batch given one int seed s uses s + b * GOLDEN (mod 2**64), as the verifier does (SPEC §4).
-GOLDEN = 0x9E3779B97F4A7C15
+from ..contract import ROW_STRIDE
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,10 @@ def row_params(params: SamplingParams | Sequence[SamplingParams], batch: int) ->
 def base_seeds(seed: int | Sequence[int], batch: int) -> torch.Tensor:
     """Per-request base seeds as int64 [batch] (uint64 bit patterns).
 
-    seed: one int for the batch (row b gets seed + b * GOLDEN, so a batch of one gets seed itself and
+    seed: one int for the batch (row b gets seed + b * ROW_STRIDE, so a batch of one gets seed itself and
     rows never share keys, as in SPEC §4) or one int per row.
     """
-    values = [seed + b * GOLDEN for b in range(batch)] if isinstance(seed, int) else list(seed)
+    values = [seed + b * ROW_STRIDE for b in range(batch)] if isinstance(seed, int) else list(seed)
     if len(values) != batch or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"seed must be an int or a sequence of {batch} ints (got {seed!r:.80})")
     return torch.tensor([(v + 2**63) % 2**64 - 2**63 for v in values], dtype=torch.int64)

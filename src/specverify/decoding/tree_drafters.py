@@ -23,11 +23,10 @@ import torch
 
 import specverify
 
+from ..contract import PAD, ROW_STRIDE, SIBLING_DRAWS
 from .drafters import DRAFT_SEED_OFFSET, SuffixIndex, check_ngram_range, common_prefix, pad_rows
-from .model import PAD, LanguageModel
-from .params import GOLDEN, RowParams
-
-SIBLING_DRAWS = ("with_replacement", "without_replacement")
+from .model import LanguageModel
+from .params import RowParams
 
 
 @dataclass
@@ -145,7 +144,7 @@ class ModelTreeDrafter:
       (`specverify.truncated_probs` with the target's params), i.i.d. ("with_replacement", SpecInfer) or each
       from q without the earlier siblings' tokens, renormalised ("without_replacement"); fewer when q has no
       tokens left. q is returned for every child. Greedy rows get one child, the argmax (the verifier's walk
-      follows the argmax there). Keys: seed + DRAFT_SEED_OFFSET + depth + GOLDEN * (1 + draw at that depth),
+      follows the argmax there). Keys: seed + DRAFT_SEED_OFFSET + depth + ROW_STRIDE * (1 + draw at that depth),
       a region the verifier's keys (seed + depth) never use.
     """
 
@@ -232,7 +231,7 @@ class ModelTreeDrafter:
         for k in range(count):
             if self.sibling_draws == "without_replacement" and float(left.sum()) <= 0:
                 break
-            key = int(seed) + DRAFT_SEED_OFFSET + depth + GOLDEN * (1 + drawn_before + k)
+            key = int(seed) + DRAFT_SEED_OFFSET + depth + ROW_STRIDE * (1 + drawn_before + k)
             key = torch.tensor([(key + 2**63) % 2**64 - 2**63], dtype=torch.int64, device=logits.device)
             token = int(specverify.sample(left.log()[None], 1.0, 0, 1.0, key)[0])
             tokens.append(token)

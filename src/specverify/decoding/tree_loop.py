@@ -25,9 +25,10 @@ import torch
 
 import specverify
 
+from ..contract import DRAFT_PROPOSALS, PAD
 from .grammar import grammar_rows
-from .loop import DRAFT_PROPOSALS, GrammarArg, OnStep, _commit_step, _finish, _prefill, _Requests
-from .model import PAD, LanguageModel
+from .loop import GrammarArg, OnStep, _commit_step, _finish, _prefill, _Requests
+from .model import LanguageModel
 from .params import SamplingParams, row_params
 from .result import GenerationResult
 from .thinking import ThinkingRegions

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import torch
 
+from ...contract import cache_root
+
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-ffp-contract=fast", "-Wno-psabi"]
 #: Rows per slice below which splitting a batch between threads costs more than it saves.
 MIN_ROWS_PER_THREAD = 4
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("SPECVERIFY_CACHE", Path.home() / ".cache" / "specverify"))
 
 
 def torch_openmp_runtime() -> Path | None:
@@ -82,7 +82,7 @@ def _build(target: Path, openmp: Path | None) -> None:
 def _open(openmp: Path | None) -> ctypes.CDLL:
     """The kernels built for this OpenMP runtime (or none), built first if not cached. Raises BuildError."""
     key = SOURCE.read_bytes() + " ".join(FLAGS).encode() + str(openmp).encode()
-    target = _cache_dir() / f"kernels-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    target = cache_root() / f"kernels-{hashlib.sha256(key).hexdigest()[:16]}.so"
     try:
         if not target.exists():
             _build(target, openmp)

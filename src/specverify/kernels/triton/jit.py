@@ -19,11 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ... import contract
+
 # rng.py's constants (bit-identical uniforms are tested against it)
 MIX_1 = tl.constexpr(0xBF58476D1CE4E5B9)
 MIX_2 = tl.constexpr(0x94D049BB133111EB)
 STREAM_SALT = tl.constexpr(0xD1B54A32D192ED03)
-ROW_STRIDE = tl.constexpr(0x9E3779B97F4A7C15)
+ROW_STRIDE = tl.constexpr(contract.ROW_STRIDE)
 STREAM_TARGET = tl.constexpr(0)
 STREAM_ACCEPT = tl.constexpr(1)
 STREAM_RESIDUAL = tl.constexpr(2)

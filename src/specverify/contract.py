@@ -1,0 +1,33 @@
+"""The facts every room shares, once: the pad id, the per-row seed stride, the mode names and the cache
+folder. Everything here is part of the behaviour contract (docs/spec.md) or of the machine's layout; no
+room defines its own copy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+#: Padding of a draft, a committed row or a tree (SPEC §1, §8): not a token.
+PAD = -1
+
+#: Row spreading constant for a seed shared by the batch (SPEC §4): row b uses s + b * ROW_STRIDE (mod 2**64).
+ROW_STRIDE = 0x9E3779B97F4A7C15
+
+DraftProposal = Literal["argmax", "sampled"]
+#: How drafts were proposed (SPEC §1): "argmax" (any deterministic drafter) or "sampled" (drawn from q).
+DRAFT_PROPOSALS: tuple[DraftProposal, ...] = ("argmax", "sampled")
+
+SiblingDraws = Literal["with_replacement", "without_replacement"]
+#: How a sampled tree's siblings were drawn (SPEC §8).
+SIBLING_DRAWS: tuple[SiblingDraws, ...] = ("with_replacement", "without_replacement")
+
+#: The environment variable naming the cache folder.
+CACHE_ENVIRONMENT = "SPECVERIFY_CACHE"
+
+
+def cache_root() -> Path:
+    """The one folder of the machine where specverify keeps what it builds once: the compiled CPU
+    kernels, de-quantised models, measured draft costs. $SPECVERIFY_CACHE when set and not empty, else
+    ~/.cache/specverify."""
+    return Path(os.environ.get(CACHE_ENVIRONMENT) or Path.home() / ".cache" / "specverify")

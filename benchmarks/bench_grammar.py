@@ -28,8 +28,8 @@ from specverify.decoding import (
     speculative_generate,
 )
 from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.loading import load_model
-from specverify.decoding.schema import read_schema, schema_violation
+from specverify.decoding.engines.loading import load_model
+from specverify.decoding.constraints.schema import read_schema, schema_violation
 
 SCHEMA = Path(__file__).resolve().parent.parent / "examples" / "person.schema.json"
 TEMPERATURES = (0.0, 0.7, 1.0)

@@ -39,7 +39,7 @@ import torch
 
 from specverify.decoding import NgramDrafter, SamplingParams, plain_generate, speculative_generate
 from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.loading import load_model, torch_threads
+from specverify.decoding.engines.loading import load_model, torch_threads
 
 LOOKUP_KS = (4, 10)
 FIXED_KS = (4, 10)

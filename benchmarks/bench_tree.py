@@ -29,9 +29,9 @@ import torch
 import specverify
 from specverify.decoding import NgramDrafter, NgramTrieDrafter, SamplingParams, plain_generate, speculative_generate, tree_generate
 from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.loading import load_model
+from specverify.decoding.engines.loading import load_model
 from specverify.decoding.params import row_params
-from specverify.decoding.tree_drafters import continuation_trie
+from specverify.decoding.drafting.tree import continuation_trie
 
 NAMES = ("copy", "code", "chat", "json")
 TEMPERATURES = (0.0, 0.7)

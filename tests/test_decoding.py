@@ -19,7 +19,8 @@ from specverify.decoding import (
     plain_generate,
     speculative_generate,
 )
-from specverify.decoding.drafters import SuffixIndex, lookup_continuation, pad_rows
+from specverify.decoding.drafting.base import pad_rows
+from specverify.decoding.drafting.ngram import SuffixIndex, lookup_continuation
 from specverify.decoding.params import base_seeds, row_params
 
 VOCAB = 48
@@ -288,7 +289,7 @@ class CountingModel:
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_refused_before_decoding(target):
-    from specverify.decoding.model import ContextOverflow
+    from specverify.decoding.engines.base import ContextOverflow
 
     assert target.max_context == 256  # config.max_position_embeddings
     counted = CountingModel(target)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specverify import cli
-from specverify.decoding import loading
+from specverify.decoding import settings
+from specverify.decoding.engines import loading
 from test_decoding import tiny_llama_config
 
 WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(30)]
@@ -200,7 +201,7 @@ def test_command_line_entry_point_exits_nonzero_without_traceback():
 
 
 def test_missing_demo_extra_says_the_pip_command(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "DEMO_MODULES", ("rich", "no_such_module_for_specverify"))
+    monkeypatch.setattr(settings, "DEMO_MODULES", ("rich", "no_such_module_for_specverify"))
     code, out, err = run(capsys, "generate", "hi")
     assert code == 2
     assert err.count("\n") == 1

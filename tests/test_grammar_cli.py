@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specverify import cli
+from specverify.decoding import settings
 from test_decoding_cli import run
 from tiny_json import tiny_llama, tiny_tokenizer
 
@@ -138,7 +138,7 @@ def test_bad_grammars_and_tokens_are_one_line_errors(capsys, model_folder, argv,
 
 
 def test_missing_grammar_packages_say_the_pip_command(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "GRAMMAR_MODULES", ("llguidance", "no_such_module_for_specverify"))
+    monkeypatch.setattr(settings, "GRAMMAR_MODULES", ("llguidance", "no_such_module_for_specverify"))
     code, out, err = run(capsys, "generate", "hi", "--choices", "a,b")
     assert code == 2 and err.count("\n") == 1
     assert "--json-schema/--regex/--choices needs the demo extra (no_such_module_for_specverify not installed)" in err

@@ -11,7 +11,7 @@ import pytest
 from specverify.decoding import GrammarCompiler, ModelDrafter, NgramDrafter, SamplingParams
 from specverify.decoding import plain_generate, speculative_generate
 from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.schema import read_schema, schema_violation
+from specverify.decoding.constraints.schema import read_schema, schema_violation
 from test_decoding_smollm2 import smollm2  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow

@@ -4,6 +4,7 @@ a multi-token evaluation, truncation, several rows), llama.cpp's cached F16 copy
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 
@@ -11,19 +12,13 @@ import pytest
 import torch
 
 from specverify import cli
-from specverify.decoding import (
-    ModelDrafter,
-    SamplingParams,
-    loading,
-    model_cache,
-    plain_generate,
-    speculative_generate,
-)
-from specverify.decoding import draft_length
-from specverify.decoding.draft_length import AdaptiveDraftLength
+from specverify.decoding import ModelDrafter, SamplingParams, plain_generate, speculative_generate
+from specverify.decoding.drafting import draft_length
+from specverify.decoding.drafting.draft_length import AdaptiveDraftLength
+from specverify.decoding.engines import loading, model_cache
 from specverify.decoding.examples import EXAMPLES
 
-llamacpp = pytest.importorskip("specverify.decoding.llamacpp", reason="pip install 'specverify[llamacpp]'")
+llamacpp = pytest.importorskip("specverify.decoding.engines.llamacpp", reason="pip install 'specverify[llamacpp]'")
 
 #: One token evaluated alone or inside a batch, on the shipped Q4_1 weights: measured bit-identical here
 #: (with flash attention and without the extra buffers llama.cpp computes each row alike for any width;
@@ -271,8 +266,9 @@ def test_generate_on_llamacpp_gives_its_threads_to_llama_cpp(capsys, gguf, monke
 
     pytest.importorskip("transformers")
     loads, torch_threads = [], []
-    load = loading.load_llamacpp
-    monkeypatch.setattr(loading, "load_llamacpp", lambda *a, **k: loads.append(k) or load(*a, **k))
+    engine = loading.ENGINES["llamacpp"]
+    spy = dataclasses.replace(engine, load=lambda *a, **k: loads.append(k) or engine.load(*a, **k))
+    monkeypatch.setitem(loading.ENGINES, "llamacpp", spy)
     monkeypatch.setattr(torch, "set_num_threads", torch_threads.append)
     code, out, err = run(
         capsys, "generate", "Say hi.", "--engine", "llamacpp", "--threads", "2", "--max-tokens", "4", "--json",
@@ -286,7 +282,8 @@ def test_generate_on_llamacpp_gives_its_threads_to_llama_cpp(capsys, gguf, monke
 
 
 def test_the_missing_llamacpp_extra_says_the_pip_command(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "LLAMACPP_MODULES", ("no_such_llama_cpp_for_specverify",))
+    engine = dataclasses.replace(loading.ENGINES["llamacpp"], modules=("no_such_llama_cpp_for_specverify",))
+    monkeypatch.setitem(loading.ENGINES, "llamacpp", engine)
     code, out, err = run(capsys, "generate", "hi", "--engine", "llamacpp")
     assert code == 2 and out == ""
     assert err == (

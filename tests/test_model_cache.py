@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specverify.decoding import model_cache
+from specverify.decoding.engines import model_cache
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -120,7 +120,7 @@ def test_a_folder_written_first_by_another_process_is_kept(cache, tmp_path):
 WRITER = """
 import sys, time
 from pathlib import Path
-from specverify.decoding import model_cache
+from specverify.decoding.engines import model_cache
 
 def write(partial):
     for i in range(40):  # a slow conversion, many files; writers of different speeds
@@ -153,7 +153,7 @@ def test_smollm2_is_converted_once_and_found_again_after_a_reinstall(cache, tmp_
     cached folder; the folder written by an older, mtime-keyed specverify is removed as stale."""
     for module in ("transformers", "gguf", "accelerate"):
         pytest.importorskip(module)
-    from specverify.decoding import loading
+    from specverify.decoding.engines import loading
 
     try:
         installed = loading.smollm2_gguf()

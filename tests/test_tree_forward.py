@@ -9,7 +9,7 @@ import torch
 from test_decoding import VOCAB, fresh_logits, tiny_llama_config
 
 import specverify
-from specverify.decoding.drafters import pad_rows
+from specverify.decoding.drafting.base import pad_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

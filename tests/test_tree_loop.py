@@ -31,8 +31,8 @@ from specverify.decoding import (
     tree_generate,
 )
 from specverify.decoding.params import row_params
-from specverify.decoding.tree_drafters import continuation_trie
-from specverify.decoding.tree_loop import fit_tree
+from specverify.decoding.drafting.tree import continuation_trie
+from specverify.decoding.loop.tree import fit_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 __all__ = ["draft_model", "target"]  # the tiny models, fixtures shared with test_decoding
@@ -326,7 +326,7 @@ def test_fit_tree_cuts_each_row_to_its_budget_and_refuses_bad_shapes():
 
 
 def test_bad_arguments_name_themselves(target, draft_model):
-    from specverify.decoding.grammar import Grammar
+    from specverify.decoding.constraints.grammar import Grammar
 
     grammar = Grammar("regex", None, VOCAB, VOCAB, frozenset(), torch.zeros(2, dtype=torch.int32))
     cases = [

@@ -11,7 +11,7 @@ import torch
 from test_decoding import MarkovModel
 
 from specverify.decoding import plain_generate
-from specverify.decoding.warmup import _warmed, warm_up
+from specverify.decoding.loop.warmup import _warmed, warm_up
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -20,7 +20,7 @@ def test_fresh_cache_builds_the_kernels_inside_the_warm_up(tmp_path):
     """With an empty kernel cache, warm_up builds and loads the kernels (where a compiler exists), takes
     measurable time once, and nothing the second time."""
     script = (
-        "from specverify.decoding.warmup import warm_up; from specverify.kernels import native; "
+        "from specverify.decoding.loop.warmup import warm_up; from specverify.kernels import native; "
         "first = warm_up(1000); second = warm_up(1000); "
         "print(first, second, native.load.cache_info().currsize, native.load() is not None)"
     )

@@ -67,7 +67,7 @@ def tiny_llama(seed: int):
 
 def allowed_after(grammar, tokens: list[int]) -> torch.Tensor:
     """bool [MODEL_VOCAB]: the ids a fresh llguidance matcher for grammar allows after tokens, read from
-    llguidance's own bitmask (not through specverify.decoding.grammar)."""
+    llguidance's own bitmask (not through specverify.decoding.constraints.grammar)."""
     import specverify as sv
 
     matcher = grammar.matcher()

@@ -351,9 +351,15 @@ def print_table(results: dict) -> None:
 
 #: The cases --modes may name.
 MODES = ("argmax", "sampled", "relaxed", "greedy", "sort", "tree")
+HELP = "time the verifier side by side with the read floor, softmax and a sort-based baseline"
+DESCRIPTION = (
+    "Time the verifier against one amax pass, torch.softmax and a sort-based baseline on the same logits; the "
+    "last line printed is one JSON object."
+)
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to `parser` and set `run=run_bench_command` as a default."""
     parser.add_argument("--batch", "-B", type=int, default=32, help="requests B (default 32)")
     parser.add_argument("--drafts", "-K", type=int, default=4, help="draft positions K (default 4)")
     parser.add_argument("--vocab", "-V", type=int, default=128256, help="vocabulary V (default 128256)")
@@ -364,6 +370,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="where the logits live: cpu (default) or cuda (cuda:N)")
+    parser.set_defaults(run=run_bench_command)
 
 
 def memory_estimate(batch: int, positions: int, vocab: int, modes: list[str]) -> int:

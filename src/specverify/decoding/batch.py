@@ -12,16 +12,16 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from .drafters import Drafter
-from .grammar import Grammar, GrammarCompiler
-from .loading import LoadedModel
-from .loop import plain_generate, speculative_generate
+from .constraints.grammar import Grammar, GrammarCompiler
+from .constraints.schema import schema_violation
+from .constraints.thinking import ThinkingRegions
+from .drafting.base import Drafter
+from .drafting.tree import TreeDrafter
+from .engines.loading import LoadedModel
+from .loop.chain import plain_generate, speculative_generate
+from .loop.result import GenerationResult
+from .loop.tree import tree_generate
 from .requests import GRAMMAR_FIELDS, Request
-from .result import GenerationResult
-from .schema import schema_violation
-from .thinking import ThinkingRegions
-from .tree_drafters import TreeDrafter
-from .tree_loop import tree_generate
 
 #: How each grammar kind is named in errors about a request given by the command's flags.
 GRAMMAR_FLAGS = {"json_schema": "--json-schema", "regex": "--regex", "choice": "--choices"}

@@ -1,16 +1,23 @@
-"""What `specverify generate` shows: the answer streamed with accepted draft tokens marked, and a table
-comparing speculative with plain decoding."""
+"""What `specverify generate` shows: the answer streamed with accepted draft tokens marked, a table
+comparing speculative with plain decoding, and the same as one JSON object (`--json`)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .chat import ChatTokenizer, TextStream
-from .result import GenerationResult, StepEvent, speedup
+from .engines.chat import ChatTokenizer, TextStream
+from .loop.result import GenerationResult, StepEvent, speedup
+
+if TYPE_CHECKING:
+    from .batch import BatchRun
+    from .engines.loading import LoadedModel
 
 ACCEPTED_STYLE = "bold green"
 RECOVERED_STYLE = "yellow"
@@ -59,3 +66,68 @@ def results_table(speculative: GenerationResult, plain: GenerationResult | None,
     for j, (rate, drafted) in enumerate(zip(speculative.acceptance, speculative.drafted)):
         table.add_row(f"acceptance @ draft {j}", f"{_number(rate)} ({drafted})", *([""] if plain is not None else []))
     return table
+
+
+def json_report(args: argparse.Namespace, target: LoadedModel, run: BatchRun) -> str:
+    """Everything as one JSON object on one line: the settings (the parsed flags), a single request's fields
+    at the top level, a batch's under "requests"."""
+    spec, plain = run.speculative, run.plain
+    each = [
+        {
+            "prompt": r.prompt,
+            "prompt_tokens": len(ids),
+            "seed": r.seed,
+            "text": text,
+            "grammar": check,
+            "tokens": tokens,
+            "identical": None if run.identical is None else run.identical[b],
+        }
+        for b, (r, ids, text, check, tokens) in enumerate(
+            zip(run.requests, run.prompt_ids, run.texts, run.checks, spec.tokens)
+        )
+    ]
+    report = {
+        "model": target.source,
+        "load_seconds": round(target.seconds, 3),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
+        **(each[0] if args.requests is None else {"requests": each}),
+        "speculative": spec.summary(),
+        "plain": plain.summary() if plain is not None else None,
+        "identical": None if plain is None else all(run.identical),
+        "speedup": round(speedup(spec, plain), 4) if plain is not None else None,
+    }
+    return json.dumps(report)
+
+
+def print_results(console: Console, run: BatchRun, relaxed: bool, single: bool) -> None:
+    """The live view's end: each request's text for a batch, the results table, why texts differ, the grammar's verdict."""
+    spec, plain = run.speculative, run.plain
+    identical = None if plain is None else all(run.identical)
+    if not single:
+        for b, (request, text) in enumerate(zip(run.requests, run.texts)):
+            console.print(f"[bold]request {b + 1}[/bold] [dim]({request.origin} · seed {request.seed} · "
+                          f"{len(spec.tokens[b])} tokens)[/dim]")
+            console.print(text, highlight=False, soft_wrap=True)
+            print_grammar_check(console, run.checks[b])
+    console.print()
+    console.print(results_table(spec, plain, identical))
+    if identical is False and relaxed:
+        console.print("[yellow]the texts differ: expected with --relaxed (lossy inside thinking regions)[/yellow]")
+    elif identical is False:
+        console.print(
+            "[yellow]the texts differ: expected with --draft-proposal sampled (same distribution, other draws); "
+            "in argmax mode it means the target's logits differed between the runs at a near-tie[/yellow]"
+        )
+    if single:
+        print_grammar_check(console, run.checks[0])
+
+
+def print_grammar_check(console: Console, check: dict | None) -> None:
+    """Whether an answer satisfies its request's grammar (nothing for a request without one)."""
+    if check is not None and not check["complete"]:
+        console.print("[yellow]the answer is incomplete: --max-tokens ended it before the grammar did[/yellow]")
+    elif check is not None and check.get("schema_error"):
+        console.print(f"[red]the answer does not satisfy the schema: {check['schema_error']}[/red]")
+    elif check is not None:
+        checked = " (checked with jsonschema)" if "schema_error" in check else ""
+        console.print(f"[green]the answer satisfies the grammar{checked}[/green]")

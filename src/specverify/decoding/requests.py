@@ -58,7 +58,7 @@ def _is_number(value) -> bool:
 
 def _grammar(field: str, value) -> tuple[str, object]:
     """The grammar setting of a json_schema / regex / choices field value."""
-    from .schema import check_schema, read_schema
+    from .constraints.schema import check_schema, read_schema
 
     kind = GRAMMAR_FIELDS[field]
     if field == "json_schema":

@@ -26,7 +26,6 @@ the same model.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import tempfile
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import cache_root
+from ...contract import cache_root
 
 #: Hex digits of the SHA-256 kept in a folder name (64 bits: collisions are not a concern).
 DIGEST_CHARS = 16

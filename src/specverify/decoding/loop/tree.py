@@ -25,15 +25,15 @@ import torch
 
 import specverify
 
-from ..contract import DRAFT_PROPOSALS, PAD
-from .grammar import grammar_rows
-from .loop import GrammarArg, OnStep, _commit_step, _finish, _prefill, _Requests
-from .model import LanguageModel
-from .params import SamplingParams, row_params
+from ...contract import PAD
+from ..constraints.grammar import grammar_rows
+from ..constraints.thinking import ThinkingRegions
+from ..drafting.tree import TreeDraft, TreeDrafter
+from ..engines.base import LanguageModel
+from ..engines.tree_attention import tree_ancestry
+from ..params import SamplingParams, row_params
 from .result import GenerationResult
-from .thinking import ThinkingRegions
-from .tree_attention import tree_ancestry
-from .tree_drafters import TreeDraft, TreeDrafter
+from .state import BatchState, GrammarArg, OnStep, check_draft_proposal, commit_step, finish, prefill
 
 
 @torch.inference_mode()
@@ -67,19 +67,17 @@ def tree_generate(
     """
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0:
         raise ValueError(f"nodes must be an int >= 0 (got {nodes!r})")
-    if draft_proposal not in DRAFT_PROPOSALS:
-        raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
-    requests = _Requests(prompts, max_tokens, stop_tokens, seed, thinking)
+    sampled = check_draft_proposal(draft_proposal)
+    requests = BatchState(prompts, max_tokens, stop_tokens, seed, thinking)
     constrained = [b for b, g in enumerate(grammar_rows(grammar, len(requests.contexts))) if g is not None]
     if constrained:
         raise ValueError(
             f"grammar must be None with tree drafts: tree steps are verified without grammar masks "
             f"(got a grammar at row {constrained[0]}); use speculative_generate for structured output"
         )
-    sampled = draft_proposal == "sampled"
     rows = row_params(params, len(requests.contexts))
     result = GenerationResult(requests.generated)
-    session = _prefill(target, requests, result)
+    session = prefill(target, requests, result)
     if not (callable(getattr(session, "extend_tree", None)) and callable(getattr(session, "keep_path", None))):
         raise TypeError(f"tree_generate needs a target whose sessions score trees (a TreeSession; got {type(session).__name__})")
     start = time.perf_counter()
@@ -108,10 +106,10 @@ def tree_generate(
         path, path_length = path.cpu(), path_length.cpu()
         offered = offered_depths(tokens, parents, path, path_length)
         tokens_per_row = [row[:n] for row, n in zip(committed.tolist(), count.tolist())]
-        kept = _commit_step(requests, result, tokens_per_row, offered, path_length.tolist(), on_step, None)
+        kept = commit_step(requests, result, tokens_per_row, offered, path_length.tolist(), on_step, None)
         # the cache keeps the committed tokens but the last: the root (already in) and len(kept) - 1 path nodes
         session.keep_path(path, torch.tensor([max(len(k) - 1, 0) for k in kept], dtype=torch.int64))
-    return _finish(result, None, start)
+    return finish(result, None, start)
 
 
 def fit_tree(

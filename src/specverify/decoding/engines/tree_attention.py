@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import PAD
+from ...contract import PAD
 
 
 def tree_nodes(tokens: torch.Tensor, parents: torch.Tensor, has_root: torch.Tensor, vocab_size: int) -> torch.Tensor:

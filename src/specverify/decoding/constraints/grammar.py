@@ -29,7 +29,8 @@ import torch
 
 import specverify
 
-from ..contract import PAD
+from ...contract import PAD
+
 
 def _one_line(message: str) -> str:
     """llguidance's multi-line error (with a caret drawing) as one line: its first line and its `error:` lines."""

@@ -34,8 +34,8 @@ import llama_cpp
 import numpy as np
 import torch
 
-from ..contract import PAD
-from .model import ContextOverflow, check_truncation, real_token_rows
+from ...contract import PAD
+from .base import ContextOverflow, check_truncation, real_token_rows
 
 #: A row's context when the caller gives none: the model's training context, at most this many tokens
 #: (its KV cells are allocated when a session starts: SmolLM2-135M, 8192 cells, ~190 MB per row).

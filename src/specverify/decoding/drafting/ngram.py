@@ -1,75 +1,14 @@
-"""Drafters: what proposes the K tokens the target then verifies.
-
-A drafter sees each row's whole context (prompt and generated tokens) and proposes up to k next tokens
-per row, padded with -1 (ragged). It may be stateful (a draft model keeps a KV cache), but it must not
-assume that its previous proposal was accepted: it is handed the committed context every time.
-
-A drafter may also say, before it drafts, how much support each row's next draft has (`evidence`, in
-its own units, 0 when it has nothing to propose); the adaptive draft length then keeps an acceptance
-rate per evidence class (see `draft_length`). The n-gram drafter's evidence is its match length.
-"""
+"""Prompt lookup: the n-gram drafter proposes what followed the latest earlier occurrence of the context's
+suffix, found through a per-row suffix index kept in step with the committed tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-import specverify
-
-from ..contract import PAD
-from .model import LanguageModel, Session
-from .params import RowParams
-
-#: Added to the verifier's per-row seed for the draft model's own draws: a key region far from the
-#: verifier's (s + position), so a draft is never drawn with a uniform the verifier also uses.
-DRAFT_SEED_OFFSET = 0x2545F4914F6CDD1D
-
-
-@dataclass
-class Draft:
-    """tokens: int64 [B, K], -1 padded; probs: float32 [B, K, V], the distribution each token was drawn
-    from (zero rows at padding), or None for a deterministic proposal."""
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-
-
-class Drafter(Protocol):
-    def propose(
-        self,
-        contexts: Sequence[Sequence[int]],
-        k: int,
-        *,
-        params: RowParams,
-        seeds: torch.Tensor,
-        sampled: bool,
-    ) -> Draft:
-        """Up to k tokens for each context. params: the target's sampling parameters [B]; seeds: int64
-        [B], the verifier's seeds for this step; sampled: draw from a distribution and return it (else
-        propose deterministically)."""
-        ...
-
-
-def drafter_evidence(drafter: Drafter, contexts: Sequence[Sequence[int]]) -> list[int] | None:
-    """The drafter's `evidence(contexts)` for each row's next draft (an int >= 0; 0: it will propose
-    nothing), or None for a drafter that gives none."""
-    evidence = getattr(drafter, "evidence", None)
-    if evidence is None:
-        return None
-    values = list(evidence(contexts))
-    if len(values) != len(contexts) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise ValueError(f"the drafter's evidence must be one int >= 0 per row (got {values!r:.80})")
-    return values
-
-
-def pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> torch.Tensor:
-    """Right-pad token lists with -1 -> int64 [len(rows), width (default: the longest)]."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
-    padded = [[int(t) for t in r[:width]] + [PAD] * (width - len(r[:width])) for r in rows]
-    return torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width)  # one torch op: a row each cost more
+from ..params import RowParams
+from .base import Draft, pad_rows
 
 
 class SuffixIndex:
@@ -198,74 +137,3 @@ class NgramDrafter:
     ) -> Draft:
         indexes = self._synced(contexts)
         return Draft(pad_rows([index.continuation(k, self.max_ngram, self.min_ngram) for index in indexes], k))
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class ModelDrafter:
-    """A second, cheaper language model with the target's tokenizer drafts k tokens autoregressively.
-
-    With sampled=False it proposes its argmax; with sampled=True it samples each token from its own
-    distribution truncated like the target's (`specverify.truncated_probs` with the target's params) on
-    keys offset from the verifier's, and returns those distributions as `draft_probs_full`. Its KV cache
-    follows the committed contexts: each call keeps the longest prefix it still shares with them.
-    """
-
-    def __init__(self, model: LanguageModel):
-        self.model = model
-        self._session: Session | None = None
-        self._cached: list[list[int]] = []
-
-    def propose(
-        self,
-        contexts: Sequence[Sequence[int]],
-        k: int,
-        *,
-        params: RowParams,
-        seeds: torch.Tensor,
-        sampled: bool,
-    ) -> Draft:
-        batch = len(contexts)
-        if k == 0:
-            empty = torch.empty(batch, 0, dtype=torch.int64)
-            return Draft(empty, torch.empty(batch, 0, self.model.vocab_size) if sampled else None)
-        logits = self._catch_up(contexts)
-        params, seeds = params.to(logits.device), seeds.to(logits.device)
-        tokens, probs = [], []
-        for j in range(k):
-            if sampled:
-                probs.append(
-                    specverify.truncated_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)
-                )
-                seed = seeds + DRAFT_SEED_OFFSET + j
-                tokens.append(
-                    specverify.sample(logits, params.temperature, params.top_k, params.top_p, seed, params.min_p)
-                )
-            else:
-                tokens.append(logits.argmax(-1))
-            if j < k - 1:
-                logits = self._session.extend(tokens[-1][:, None])[:, 0].float()
-        drafts = torch.stack(tokens, 1)
-        self._cached = [list(c) + drafts[b, : k - 1].tolist() for b, c in enumerate(contexts)]
-        return Draft(drafts, torch.stack(probs, 1) if sampled else None)
-
-    def _catch_up(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Roll the cache back to what it shares with contexts, feed the rest -> float32 [B, V]: the
-        draft model's logits for each context's next token."""
-        if self._session is None or len(self._cached) != len(contexts):
-            self._session = self.model.session(len(contexts))
-            self._cached = [[] for _ in contexts]
-        keep = [min(common_prefix(c, s), len(s) - 1) for c, s in zip(self._cached, contexts)]
-        self._session.truncate(torch.tensor(keep, dtype=torch.int64))
-        feed = [list(s[n:]) for s, n in zip(contexts, keep)]
-        logits = self._session.extend(pad_rows(feed))
-        last = torch.tensor([len(f) - 1 for f in feed])
-        return logits[torch.arange(len(feed)), last].float()

@@ -1,0 +1,212 @@
+"""`specverify generate`: the arguments and the run. The flags are checked before anything loads
+(`settings`), then the models named are loaded (`engines.loading`) with the drafter named
+(`drafting.registry`), the requests decoded as one batch (`batch`) and the result shown (`report`)."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+
+import torch
+
+from ..usage import UsageError
+from .batch import GrammarError, run_requests
+from .constraints.grammar import GrammarDeadEnd
+from .constraints.thinking import ThinkingRegions
+from .drafting.registry import NEEDS_DRAFT_MODEL, DrafterSettings, make_drafter
+from .engines.base import ContextOverflow
+from .engines.loading import MissingModel, check_engine, load_model, locate_model, torch_threads
+from .examples import EXAMPLES
+from .settings import draft_length_argument, generate_settings
+
+DESCRIPTION = "Answer PROMPT with speculative decoding, every draft verified by specverify."
+HELP = "speculative decoding on a real model (default: the embedded SmolLM2-135M-Instruct)"
+
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    """Add generate's options to `p` (its description too, if it has none) and set
+    `run=run_generate_command` as a default, so a subcommand dispatcher can call `args.run(args)`."""
+    p.description = p.description or DESCRIPTION
+    p.add_argument("prompt", nargs="?", help="the user message (the model's chat template is applied)")
+    p.add_argument("--example", choices=sorted(EXAMPLES), help="use a built-in prompt instead of PROMPT")
+    p.add_argument(
+        "--requests",
+        metavar="FILE.jsonl",
+        help="a batch instead of PROMPT: one JSON object per line with prompt and optionally temperature, "
+        "top_k, top_p, min_p, seed, max_tokens, json_schema, regex or choices (omitted fields take the flags' "
+        "values); decoded together, each request's output identical to decoding it alone with its seed",
+    )
+    p.add_argument(
+        "--model", default="smollm2", help="'smollm2' (default), a .gguf file or a transformers model folder"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 (default) is off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 (default) is off")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob; 0 (default) is off")
+    p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key seed + n")
+    p.add_argument(
+        "-k",
+        "--draft-tokens",
+        type=draft_length_argument,
+        default="auto",
+        help="K, draft tokens per verify step: an int >= 0, or 'auto' (default): chosen every step from the "
+        "running acceptance and the measured cost of each K, 0 (a plain step) included",
+    )
+    p.add_argument(
+        "--drafter", default="ngram", help="'ngram' (prompt lookup, default) or 'model' (needs --draft-model)"
+    )
+    p.add_argument(
+        "--tree",
+        type=int,
+        metavar="NODES",
+        help="verify a draft tree of up to NODES nodes per step instead of a chain of K (--drafter ngram: the "
+        "trie of every earlier continuation of the suffix; model: the draft model's top/sampled children)",
+    )
+    p.add_argument("--branching", type=int, default=2, help="for --tree with --drafter model: children per node (default 2)")
+    p.add_argument(
+        "--sibling-draws",
+        default="with_replacement",
+        help="for --tree with --drafter model and --draft-proposal sampled: 'with_replacement' (default) or "
+        "'without_replacement'",
+    )
+    p.add_argument(
+        "--min-ngram", type=int, default=1, help="for --drafter ngram: shortest suffix to match, 1-3 (default 1)"
+    )
+    p.add_argument(
+        "--draft-model", help="for --drafter model: 'smollm2', a .gguf file or a model folder, same tokenizer"
+    )
+    p.add_argument("--draft-proposal", default="argmax", help="'argmax' (default) or 'sampled' (the drafter samples)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument(
+        "--threads", type=int, default=1, help="CPU threads (default 1): torch's, or llama.cpp's with --engine llamacpp "
+        "(torch then runs the verifier on one)"
+    )
+    engine = p.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        default="transformers",
+        help="what runs the target and draft models: 'transformers' (default) or 'llamacpp' (GGUF files as "
+        "shipped, through llama-cpp-python: pip install -e '.[llamacpp]')",
+    )
+    engine.add_argument(
+        "--llamacpp-f16",
+        action="store_true",
+        help="with --engine llamacpp: run an F16 copy of the GGUF models (converted once by llama.cpp and "
+        "cached; verifying K drafts costs far less there than on 4-bit weights)",
+    )
+    grammar = p.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    grammar.add_argument("--json-schema", metavar="FILE", help="answer with JSON valid against the schema in FILE")
+    grammar.add_argument("--regex", metavar="PATTERN", help="answer with text matching PATTERN (Rust regex syntax)")
+    grammar.add_argument("--choices", metavar="A,B,...", help="answer with exactly one of these (comma-separated)")
+    thinking = p.add_argument_group("thinking regions")
+    thinking.add_argument("--think-begin", metavar="TOKEN", help="the token (text or id) that opens a thinking region")
+    thinking.add_argument("--think-end", metavar="TOKEN", help="the token (text or id) that closes it")
+    thinking.add_argument(
+        "--relaxed",
+        metavar="TOPK,DELTA",
+        help="lossy relaxed acceptance inside thinking regions: accept a draft among the TOPK most likely "
+        "tokens with probability >= top1 - DELTA (e.g. 10,0.6); needs --think-begin/--think-end",
+    )
+    p.set_defaults(run=run_generate_command)
+
+
+def run_generate_command(args: argparse.Namespace) -> int:
+    """Run a parsed `generate` command -> exit status 0 (a UsageError for a mistake the user can fix)."""
+    settings = generate_settings(args)
+    torch.set_num_threads(torch_threads(args.engine, args.threads))
+    console = None
+    if not args.json:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+    target, drafter = _load_models(args, settings.shape, console)
+    single, requests = settings.single, settings.requests
+    printer = None
+    if console is not None:
+        from .report import LEGEND, StreamPrinter
+
+        what = f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens" if single else f"{len(requests)} requests"
+        console.print(
+            f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
+            f"{'K=' + str(args.draft_tokens) if args.tree is None else f'tree of {args.tree} nodes'} · "
+            f"drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
+        )
+        if single:
+            console.print(LEGEND)
+            printer = StreamPrinter(target.tokenizer, console)
+    run = _decode(args, target, drafter, requests, settings.relaxed, printer, console)
+    from .report import json_report, print_results
+
+    if console is None:
+        print(json_report(args, target, run))
+    else:
+        print_results(console, run, settings.relaxed is not None, single)
+    return 0
+
+
+def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, printer, console):
+    """Speculative decoding of the requests, then plain decoding with --compare -> batch.BatchRun."""
+    try:
+        return run_requests(
+            target,
+            drafter,
+            requests,
+            k=args.draft_tokens,
+            tree=args.tree,
+            draft_proposal=args.draft_proposal,
+            thinking=_thinking_regions(args, target),
+            relaxed=relaxed,
+            on_step=printer,
+            compare=args.compare,
+            around_plain=lambda: _status(console, "decoding again without speculation"),
+        )
+    except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
+        raise UsageError(str(err)) from None
+
+
+def _thinking_regions(args: argparse.Namespace, target):
+    """The ThinkingRegions of --think-begin/--think-end in the target's tokenizer (None without them)."""
+    if args.think_begin is None:
+        return None
+    try:
+        begin = target.tokenizer.token_id(args.think_begin)
+        end = target.tokenizer.token_id(args.think_end)
+        return ThinkingRegions(begin, end)
+    except ValueError as err:
+        raise UsageError(f"--think-begin/--think-end: {err}") from None
+
+
+def _load_models(args: argparse.Namespace, shape: str, console):
+    """The target and the drafter the arguments name, for chains or trees (shape) -> (LoadedModel, drafter)."""
+    drafts_with_model = args.drafter in NEEDS_DRAFT_MODEL
+    names = {"--model": args.model, "--draft-model": args.draft_model if drafts_with_model else None}
+    for flag, name in names.items():  # both checked before either is loaded
+        if name is None:
+            continue
+        try:
+            check_engine(locate_model(name), args.engine, f16=args.llamacpp_f16)
+        except (MissingModel, ValueError) as err:
+            raise UsageError(f"{flag}: {err}") from None
+    engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}
+    with _status(console, f"loading {args.model} (the first run converts and caches it)"):
+        try:
+            target = load_model(args.model, **engine)
+            draft = load_model(args.draft_model, **engine) if drafts_with_model else None
+        except MissingModel as err:
+            raise UsageError(str(err)) from None
+    if draft is not None and draft.model.vocab_size != target.model.vocab_size:
+        raise UsageError(
+            "--draft-model must share the target's tokenizer "
+            f"(vocabulary {draft.model.vocab_size} != {target.model.vocab_size})"
+        )
+    drafter_settings = DrafterSettings(
+        None if draft is None else draft.model, args.min_ngram, args.branching, args.sibling_draws
+    )
+    return target, make_drafter(args.drafter, shape, drafter_settings)
+
+
+def _status(console, message: str):
+    """A rich spinner while something slow runs (nothing when output is JSON)."""
+    return console.status(message) if console is not None else nullcontext()

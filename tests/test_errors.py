@@ -629,8 +629,13 @@ def test_acceptance_sampler_bad_synthetic_rate_raises_at_construction():
         (dict(top_q=0.5), TypeError, r"synthetic_acceptance_sampler got unknown sampling arguments \['top_q'\]"),
         (dict(top_p=torch.tensor([1.0, 2.0, 1.0, 1.0])), ValueError, lit("top_p must be in (0, 1] (got 2.0 at row 1)")),
         (dict(seed=0.5), TypeError, lit("seed must be an int or an integer tensor (got float)")),
+        (dict(draft_tokens=torch.tensor([[0, 1, 2], [3, V, 4], [0, 0, 0], [1, 1, 1]])), ValueError,
+         lit(f"draft_tokens must be in [-1, {V}) (got {V} at row 1, position 1)")),
+        (dict(draft_tokens=torch.tensor([[0, 1, 2], [3, -2, 4], [0, 0, 0], [1, 1, 1]])), ValueError,
+         lit(f"draft_tokens must be in [-1, {V}) (got -2 at row 1, position 1)")),
     ],
-    ids=["rate-1.5", "rate-nan", "rate-str", "steps-K+1", "steps-neg", "draft-float", "unknown-kw", "top_p", "seed"],
+    ids=["rate-1.5", "rate-nan", "rate-str", "steps-K+1", "steps-neg", "draft-float", "unknown-kw", "top_p", "seed",
+         "draft-id-V", "draft-id-below-pad"],
 )
 def test_synthetic_acceptance_sampler_errors(overrides, exc, pattern):
     args = dict(draft_tokens=base_args()["draft_tokens"], target_logits=base_args()["target_logits"],

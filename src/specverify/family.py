@@ -87,6 +87,8 @@ def synthetic_acceptance_sampler(
         seed,
         **params,
     )
+    if params.get("validate", True):  # the verifier above saw only padding: the drafts' ids are checked here
+        checks.check_draft_ids(draft_tokens, target_logits.shape[-1])
     batch = draft_tokens.shape[0]
     shared_seed, shared = checks.check_seed(seed, batch, target_sample.device)
     keys = row_keys(per_row_seeds(shared_seed, shared, batch, target_sample.device), steps)

@@ -29,12 +29,12 @@ def _call():
 @pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 def test_cpu_tensors_run_the_compiled_kernels_by_default(monkeypatch):
     monkeypatch.delenv("SPECVERIFY_BACKEND", raising=False)
-    assert kernels.backend(torch.zeros(1)) == "native" and kernels.accelerated(torch.zeros(1))
+    assert kernels.backend_for(torch.zeros(1)).name == "native" and kernels.backend_for(torch.zeros(1)).compiled
 
 
 def test_the_environment_forces_a_backend_for_every_op(monkeypatch):
     with backend_path("torch"):
-        assert kernels.backend(torch.zeros(1)) == "torch" and not kernels.accelerated(torch.zeros(1))
+        assert kernels.backend_for(torch.zeros(1)) is kernels.TORCH and not kernels.TORCH.compiled
         calls = []
         monkeypatch.setattr(native, "weigh_rows", lambda *args: calls.append(args))
         monkeypatch.setattr(native, "sample_rows", lambda *args: calls.append(args))
@@ -55,7 +55,30 @@ def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
     with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native, but the compiled CPU kernels are unavailable: no C compiler found"):
         _call()
     with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native runs on CPU tensors only"):
-        kernels.backend(torch.zeros(1, device="meta"))
+        kernels.backend_for(torch.zeros(1, device="meta"))
+
+
+def test_each_backend_declares_what_it_can_do(each_backend):
+    """What the rooms above ask of a backend (kernels/backend.py): native skips rows for free, Triton runs
+    whole verifier calls, the torch reference runs no op of kernels/ and declares nothing."""
+    declared = kernels.backend_for(torch.zeros(1))
+    assert declared.name == each_backend
+    expected = {"native": (True, False, True), "triton": (True, True, False), "torch": (False, False, False)}
+    assert (declared.compiled, declared.runs_whole_calls, declared.skips_rows_cheaply) == expected[each_backend]
+
+
+def test_a_backend_missing_a_declared_op_fails_when_it_is_declared():
+    from types import SimpleNamespace
+
+    from specverify.kernels.backend import ROW_OPS
+
+    ops = SimpleNamespace(__name__="partial", **{op: print for op in ROW_OPS if op != "scan_rows"})
+    with pytest.raises(TypeError, match="backend 'partial' declares ops its module partial lacks: scan_rows"):
+        kernels.Backend(name="partial", ops=ops)
+    with pytest.raises(TypeError, match="lacks: scan_rows, verify_rows"):
+        kernels.Backend(name="partial", ops=ops, runs_whole_calls=True)
+    with pytest.raises(TypeError, match="declares capabilities but no ops"):
+        kernels.Backend(name="partial", ops=None, skips_rows_cheaply=True)
 
 
 def _fresh_load(monkeypatch, tmp_path):
@@ -158,7 +181,7 @@ def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each
 def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_backend, dtype):
     """kernels.scan_rows (the compiled backends' one-pass logits check) against flags found entry by entry
     in float64; rows not in use are not reported."""
-    if not kernels.accelerated(torch.zeros(1)):
+    if not kernels.backend_for(torch.zeros(1)).compiled:
         pytest.skip("the torch backend has no scan kernel (checks take one max reduction instead)")
     g = torch.Generator().manual_seed(11)
     values = torch.randn(9, 1000, generator=g).to(dtype)

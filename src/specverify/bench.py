@@ -246,7 +246,7 @@ def _kernels(logits: torch.Tensor) -> dict:
     """Which backend runs the verifier on these logits (kernels/), and how long loading it took in this
     process (the C build or the Triton import included when not done yet: the stall a first call would see)."""
     start = time.perf_counter()
-    backend = kernels.backend(logits)
+    backend = kernels.backend_for(logits).name
     seconds = time.perf_counter() - start
     if backend == "native":
         threads = "OpenMP on torch's runtime" if native.load().specverify_threads_itself else "a Python thread pool"

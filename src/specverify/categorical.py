@@ -53,7 +53,7 @@ def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor, sums: tor
     rows, vocab = weights.shape
     size = block_size(vocab)
     block_sums_ = block_sums(weights) if sums is None else sums
-    if rows and weights.dtype == torch.float32 and weights.is_contiguous() and kernels.accelerated(weights):
+    if rows and weights.dtype == torch.float32 and weights.is_contiguous() and kernels.backend_for(weights).compiled:
         return kernels.sample_rows(weights, block_sums_, size, uniforms)
     block_cdf = block_sums_.cumsum(-1)
     target = uniforms * block_cdf[:, -1]

@@ -199,7 +199,7 @@ def _scan_logits(logits: torch.Tensor, in_use: torch.Tensor | None) -> tuple[tor
     A compiled backend scans the bit patterns (kernels.scan_rows, rows not in use not read); the torch
     reference takes one max reduction (it propagates NaN and +inf)."""
     shape, vocab = logits.shape[:-1], logits.shape[-1]
-    if logits.numel() and kernels.accelerated(logits):
+    if logits.numel() and kernels.backend_for(logits).compiled:
         flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1))
         if in_use is None and _all_clear(flags):
             return None

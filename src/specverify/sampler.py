@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checks
+from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
 from .contract import DRAFT_PROPOSALS
@@ -23,8 +23,7 @@ from .rng import (
 )
 from .truncation import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
 from .verdicts import (
-    argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, runs_whole_calls, sampled_verdict,
-    whole_call_verdicts,
+    argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, sampled_verdict, whole_call_verdicts,
 )
 
 
@@ -203,7 +202,7 @@ def stochastic_acceptance_sampler(
             checks.check_draft_probs(draft_probs_full)
         if token_bitmasks is not None:
             checks.check_some_allowed("token_bitmasks", masked)
-    if runs_whole_calls(logits):
+    if kernels.backend_for(logits).runs_whole_calls:
         return whole_call_verdicts(
             draft_tokens, logits, token_bitmasks, temperature, top_k, top_p, min_p, seed_tensor(seed, device), shared_seed,
             in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,

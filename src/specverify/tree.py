@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from . import checks
+from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
 from .contract import DRAFT_PROPOSALS, SIBLING_DRAWS
 from .rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
-from .truncation import is_greedy, skips_rows, truncated_weights
+from .truncation import is_greedy, truncated_weights
 from .verdicts import sampled_verdict
 
 
@@ -166,11 +166,11 @@ class _Walk:
 
         validate=True: each step judges the current node of the rows still walking, and the walk ends when
         none is (host reads). validate=False cannot learn where rows stop: where the backend skips rows at
-        no cost (`skips_rows`: the native CPU kernels), N + 1 steps run over every row and a row that has
-        stopped is skipped inside the kernel, so only the rows on the walk are truncated; elsewhere, in
-        argmax mode every node is judged at once (one truncation of all N + 1 logits rows, as a chain of
-        K = N would: on a GPU one launch over every row costs less than N + 1 of them) and the walk looks
-        its steps up, and in sampled mode N + 1 steps judge every row."""
+        no cost (`skips_rows_cheaply`: the native CPU kernels), N + 1 steps run over every row and a row
+        that has stopped is skipped inside the kernel, so only the rows on the walk are truncated;
+        elsewhere, in argmax mode every node is judged at once (one truncation of all N + 1 logits rows, as
+        a chain of K = N would: on a GPU one launch over every row costs less than N + 1 of them) and the
+        walk looks its steps up, and in sampled mode N + 1 steps judge every row."""
         batch, nodes = self.draft.shape
         device = self.logits.device
         current = torch.full((batch,), -1, dtype=torch.int64, device=device)  # -1: the root
@@ -178,7 +178,7 @@ class _Walk:
         path = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
         next_token = torch.zeros(batch, dtype=torch.int64, device=device)
         all_rows = torch.arange(batch, device=device)
-        stepping = validate or self.draft_probs is not None or skips_rows(self.logits)
+        stepping = validate or self.draft_probs is not None or kernels.backend_for(self.logits).skips_rows_cheaply
         table = None if stepping else self._judge_every_node()
         for depth in range(nodes + 1):
             if table is not None:

@@ -45,7 +45,7 @@ def is_greedy_value(temperature: float) -> bool:
 
 def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
-    if masked_logits.numel() and kernels.accelerated(masked_logits):
+    if masked_logits.numel() and kernels.backend_for(masked_logits).compiled:
         return kernels.argmax_rows(masked_logits.reshape(-1, masked_logits.shape[-1])).view(masked_logits.shape[:-1])
     return torch.nan_to_num(masked_logits.float(), nan=float("-inf")).argmax(-1)
 
@@ -175,12 +175,12 @@ def truncated_weights(
     argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
     does. source: int64 [N], the logits row of each output row, read in place by a compiled backend (no
     gathered copy); a negative one is skipped (zero sums, weights undefined: a draw from it gives a valid
-    id), at next to no cost where `skips_rows`; None: row n is logits row n (M = N).
+    id), at next to no cost where the backend `skips_rows_cheaply`; None: row n is logits row n (M = N).
     The weights may live in this thread's scratch buffer: use them before the next call. A compiled
     backend (kernels/) does it all in one pass per row; the torch reference uses the hints."""
     rows = masked_logits.shape[0] if source is None else source.shape[0]
     out = _scratch(torch.Size((rows, masked_logits.shape[-1])), masked_logits.device)
-    if rows and masked_logits.numel() and kernels.accelerated(masked_logits):
+    if rows and masked_logits.numel() and kernels.backend_for(masked_logits).compiled:
         sums = kernels.weigh_rows(
             masked_logits.detach(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
             block_size(masked_logits.shape[-1]), out, source,
@@ -194,13 +194,6 @@ def truncated_weights(
     truncated = torch.where(is_greedy(temperature)[:, None], one_hot, truncated)
     sums = block_sums(truncated)
     return truncated, sums if source is None else sums.masked_fill_((source < 0)[:, None], 0.0)
-
-
-def skips_rows(logits: torch.Tensor) -> bool:
-    """Whether truncated_weights skips rows with a negative source at next to no cost on these logits'
-    device (kernels.skips_rows: the native kernels), so that a walk over every row costs only the rows
-    still walking; elsewhere a skipped row costs as much as any."""
-    return kernels.skips_rows(logits)
 
 
 def truncated_probs(

@@ -98,7 +98,7 @@ def recovery_draw(
     float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. A compiled backend (kernels/)
     draws without materialising the residual."""
     batch, positions, vocab = draft_probs.shape
-    if draft_probs.numel() and kernels.accelerated(target_weights):
+    if draft_probs.numel() and kernels.backend_for(target_weights).compiled:
         return kernels.recover_rows(
             target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
         )
@@ -128,7 +128,7 @@ def relaxed_verdict(
     A compiled backend (kernels/) judges each position without materialising the softmax.
     """
     positions = draft.shape[1]
-    if masked_logits.numel() and draft.numel() and kernels.accelerated(masked_logits):
+    if masked_logits.numel() and draft.numel() and kernels.backend_for(masked_logits).compiled:
         accepted, top1 = kernels.relaxed_rows(masked_logits.detach(), draft, relaxed_topk, relaxed_delta)
         return accepted, torch.where(accepted, draft, top1)
     x = masked_logits[:, :positions].float()
@@ -145,20 +145,16 @@ def relaxed_verdict(
     return accepted, torch.where(accepted, draft, top1)
 
 
-def runs_whole_calls(logits: torch.Tensor) -> bool:
-    """Whether `whole_call_verdicts` runs for logits on this device (a backend with a one-launch verifier)."""
-    return kernels.whole_call(logits)
-
-
 def whole_call_verdicts(
     draft_tokens: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, seed: torch.Tensor, shared_seed: bool,
     in_thinking_phase: torch.Tensor | None, relaxed_topk: int | None, relaxed_delta: float | None,
     draft_probs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every rule of SPEC §3 for every row and the first rejection, in one kernel (where runs_whole_calls):
-    the same verdicts as the functions above, the grammar mask, the padding of drafts that are not ids
-    and the keys s_b + j all applied inside it. draft_tokens: int [B, K] as given; logits: [B, K+1, V];
+    """Every rule of SPEC §3 for every row and the first rejection, in one kernel (where
+    `kernels.backend_for(logits).runs_whole_calls`): the same verdicts as the functions above, the grammar
+    mask, the padding of drafts that are not ids and the keys s_b + j all applied inside it.
+    draft_tokens: int [B, K] as given; logits: [B, K+1, V];
     bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: int64 [] shared or [B].
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     return kernels.verify_rows(

@@ -1,4 +1,4 @@
-"""The hot loops, one backend per device, behind one dispatch function per op.
+"""The hot loops, one backend per device, behind one interface: `backend_for(t)` and one function per op.
 
 Backends: `native` (compiled C kernels, CPU tensors), `triton` (Triton kernels, CUDA tensors; CPU tensors
 under Triton's interpreter) and `torch` (the reference code in the rooms above, which runs everywhere).
@@ -7,9 +7,20 @@ the chosen backend cannot run (no C compiler, triton not installed) it is report
 torch runs instead. `SPECVERIFY_BACKEND=torch|native|triton` forces one for every op (read at each call,
 so tests can switch); an unknown value, or a forced backend that cannot run on the tensors, raises.
 
-Callers ask `accelerated(t)` and call the op by its name, or run their torch code when it is False; they
-never learn which backend ran. `whole_call(t)` says whether the backend also runs a whole verifier call
-(`verify_rows`: every rule and the first rejection in one launch, as the Triton backend does).
+The interface (backend.py): `backend_for(t)` is the `Backend` that runs ops on t, and callers ask it what
+it declares, never its name: `.compiled` (it runs the ops below; else the caller runs its torch
+reference, the `TORCH` backend, which has no ops), `.runs_whole_calls` (`verify_rows` runs a whole
+verifier call: every rule and the first rejection in one launch) and `.skips_rows_cheaply` (`weigh_rows`
+skips rows with a negative source for free). They then call the op by its name here; `.name` is for
+reports (the bench). The op functions below are the interface's signatures and shapes.
+
+Adding a backend: (1) a package kernels/<name>/ with every op of backend.ROW_OPS (and `verify_rows` if
+it runs whole calls), same arguments and results as here, and a module-level `BACKEND = Backend(name,
+sys.modules[__name__], <its capabilities>)` (checked on import for the ops it declares); (2) a loader
+here returning that BACKEND or None (raising where forced and it cannot run), and its line in LOADERS
+(the default device choice in `backend_for` if it is to run unforced); (3) its name in tests/conftest.py's
+backend list, so that it passes what every backend must: tests/test_backends.py and tests/test_tree.py
+(`each_backend`), then the parity and statistics checks of scripts/check_cuda.py on its device.
 """
 
 from __future__ import annotations
@@ -19,21 +30,21 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import torch
 
 from . import native
+from .backend import TORCH, Backend
 from .native import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT
 
 __all__ = [
-    "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "HOLDS_ABOVE_MINUS_INF", "HOLDS_NAN_OR_INF", "WITHOUT_DRAFT",
-    "accelerated", "argmax_rows", "backend", "recover_rows", "relaxed_rows", "sample_rows", "scan_rows",
-    "skips_rows", "verify_rows", "weigh_rows", "whole_call",
+    "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "HOLDS_ABOVE_MINUS_INF", "HOLDS_NAN_OR_INF", "TORCH", "WITHOUT_DRAFT",
+    "Backend", "argmax_rows", "backend_for", "forced", "recover_rows", "relaxed_rows", "sample_rows", "scan_rows",
+    "verify_rows", "weigh_rows",
 ]
 
-BACKENDS = ("torch", "native", "triton")
 ENVIRONMENT = "SPECVERIFY_BACKEND"
 
 
@@ -55,8 +66,8 @@ def forced(name: str | None) -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=None)
-def _triton_kernels(interpreted: bool) -> ModuleType | None:
-    """The Triton kernels (triton/), imported on first use; None (with a one-time warning) where triton
+def _triton_backend(interpreted: bool) -> Backend | None:
+    """The Triton backend (triton/), imported on first use; None (with a one-time warning) where triton
     cannot be imported. interpreted: the caller needs Triton's interpreter (CPU tensors), which Triton
     only offers when TRITON_INTERPRET=1 is set before it is first imported: it is set here when triton is
     not imported yet, and a RuntimeError says so when it was imported without it.
@@ -74,7 +85,7 @@ def _triton_kernels(interpreted: bool) -> ModuleType | None:
             )
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        from . import triton as kernels
+        from . import triton as package
     except ImportError as error:
         if not interpreted:
             warnings.warn(
@@ -85,59 +96,69 @@ def _triton_kernels(interpreted: bool) -> ModuleType | None:
                 stacklevel=3,
             )
         return None
-    return kernels
+    return package.BACKEND
 
 
-def _forced_backend(forced: str, device: torch.device) -> str:
-    """The forced backend, checked to run on tensors of this device; raises otherwise."""
-    if forced not in BACKENDS:
-        raise ValueError(f"{ENVIRONMENT} must be one of torch, native, triton (got {forced!r})")
-    if forced == "native":
-        if device.type != "cpu":
-            raise RuntimeError(f"{ENVIRONMENT}=native runs on CPU tensors only (got a tensor on {device})")
-        if native.load() is None:
+def _native(device: torch.device | None) -> Backend | None:
+    """The native backend where its kernels are built, else None (native.load warned once). device: where
+    it was forced to run (SPECVERIFY_BACKEND=native), raising where it cannot; None: chosen by default."""
+    if device is not None and device.type != "cpu":
+        raise RuntimeError(f"{ENVIRONMENT}=native runs on CPU tensors only (got a tensor on {device})")
+    if native.load() is None:
+        if device is not None:
             raise RuntimeError(f"{ENVIRONMENT}=native, but the compiled CPU kernels are unavailable: {native.unavailable_because}")
-    if forced == "triton":
-        if device.type not in ("cpu", "cuda"):
-            raise RuntimeError(f"{ENVIRONMENT}=triton runs on CUDA tensors (and CPU ones, interpreted) (got a tensor on {device})")
-        try:
-            import triton  # noqa: F401
-        except ImportError as error:
-            raise RuntimeError(f"{ENVIRONMENT}=triton, but triton cannot be imported ({error}); pip install triton") from error
-        if _triton_kernels(device.type == "cpu") is None:
-            raise RuntimeError(f"{ENVIRONMENT}=triton, but specverify's Triton kernels could not be imported")
-    return forced
+        return None
+    return native.BACKEND
 
 
-def backend(tensor: torch.Tensor) -> str:
-    """The backend that runs ops on this tensor's device: "native", "triton" or "torch"."""
+def _triton(device: torch.device | None) -> Backend | None:
+    """The Triton backend where its kernels import, else None (warned once). device: where it was forced
+    to run (SPECVERIFY_BACKEND=triton: CUDA, or CPU interpreted), raising where it cannot; None: chosen by
+    default for a CUDA tensor."""
+    if device is None:
+        return _triton_backend(False)
+    if device.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"{ENVIRONMENT}=triton runs on CUDA tensors (and CPU ones, interpreted) (got a tensor on {device})")
+    try:
+        import triton  # noqa: F401
+    except ImportError as error:
+        raise RuntimeError(f"{ENVIRONMENT}=triton, but triton cannot be imported ({error}); pip install triton") from error
+    loaded = _triton_backend(device.type == "cpu")
+    if loaded is None:
+        raise RuntimeError(f"{ENVIRONMENT}=triton, but specverify's Triton kernels could not be imported")
+    return loaded
+
+
+#: The registry: every backend by name (the values of SPECVERIFY_BACKEND), with its loader.
+LOADERS: dict[str, Callable[[torch.device | None], Backend | None]] = {
+    "torch": lambda device: TORCH,
+    "native": _native,
+    "triton": _triton,
+}
+BACKENDS = tuple(LOADERS)
+
+
+def backend_for(tensor: torch.Tensor) -> Backend:
+    """The backend that runs ops on this tensor: the forced one (SPECVERIFY_BACKEND, checked to run on its
+    device), else the device's (CPU: native, CUDA: triton) where it can run, else TORCH."""
     forced = os.environ.get(ENVIRONMENT, "").strip()
     if forced:
-        return _forced_backend(forced, tensor.device)
+        if forced not in LOADERS:
+            raise ValueError(f"{ENVIRONMENT} must be one of {', '.join(BACKENDS)} (got {forced!r})")
+        return LOADERS[forced](tensor.device)
     if tensor.is_cpu:  # (is_cpu and is_cuda cost less than building a torch.device)
-        return "native" if native.load() is not None else "torch"
+        return _native(None) or TORCH
     if tensor.is_cuda:
-        return "triton" if _triton_kernels(False) is not None else "torch"
-    return "torch"
+        return _triton(None) or TORCH
+    return TORCH
 
 
-def accelerated(tensor: torch.Tensor) -> bool:
-    """Whether a compiled backend runs ops on this tensor (else the caller runs its torch reference)."""
-    return backend(tensor) != "torch"
-
-
-def whole_call(tensor: torch.Tensor) -> bool:
-    """Whether the backend for this tensor runs a whole verifier call in one kernel (`verify_rows`)."""
-    return backend(tensor) == "triton"
-
-
-def _kernels_for(tensor: torch.Tensor) -> ModuleType:
-    chosen = backend(tensor)
-    if chosen == "native":
-        return native
-    if chosen == "triton":
-        return _triton_kernels(tensor.device.type == "cpu")
-    raise RuntimeError("no compiled backend runs on this tensor: call the torch reference (see accelerated())")
+def _ops(tensor: torch.Tensor) -> ModuleType:
+    """The ops of the compiled backend for this tensor; raises where the torch reference runs."""
+    ops = backend_for(tensor).ops
+    if ops is None:
+        raise RuntimeError("no compiled backend runs on this tensor: call the torch reference (see backend_for(t).compiled)")
+    return ops
 
 
 def weigh_rows(
@@ -149,21 +170,13 @@ def weigh_rows(
     kept weights. logits: float [M, V] (float32, bfloat16 or float16, read as they are); out: contiguous
     float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]. source: int64 [N] or None, the logits row
     each output row weighs (None: row r, M = N); a negative one is skipped: zero sums, weights undefined
-    (free where `skips_rows`, else weighed as row 0 and its sums zeroed)."""
-    return _kernels_for(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source)
-
-
-def skips_rows(tensor: torch.Tensor) -> bool:
-    """Whether weigh_rows skips rows whose source is negative at next to no cost on this tensor's device
-    (the native kernels: a walk over every row then costs only the rows still walking). Where it does not
-    (Triton: a launch per step costs more than weighing every row at once on a GPU), callers weigh all
-    their rows in one call instead."""
-    return backend(tensor) == "native"
+    (free where the backend `skips_rows_cheaply`, else weighed as row 0 and its sums zeroed)."""
+    return _ops(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source)
 
 
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     """First argmax per row, NaN never winning. values: float [N, V] -> int64 [N]."""
-    return _kernels_for(values).argmax_rows(values)
+    return _ops(values).argmax_rows(values)
 
 
 #: Flags of scan_rows.
@@ -175,13 +188,13 @@ def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch
     holds NaN or +inf, | HOLDS_ABOVE_MINUS_INF if it holds a value other than -inf; 0 for a row not in use.
     values: float [N, V] (float32, bfloat16 or float16, read as they are); in_use: bool [N] or None
     (every row) -> uint8 [N]."""
-    return _kernels_for(values).scan_rows(values, in_use)
+    return _ops(values).scan_rows(values, in_use)
 
 
 def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw per row. weights: contiguous float32 [N, V] (>= 0); sums: float64 [N, ceil(V / block)],
     their block sums; uniforms: float64 [N] -> int64 [N]."""
-    return _kernels_for(weights).sample_rows(weights, sums, block, uniforms)
+    return _ops(weights).sample_rows(weights, sums, block, uniforms)
 
 
 def recover_rows(
@@ -192,17 +205,17 @@ def recover_rows(
     materialised. weights: float32 [B, P, V] with P >= K (unnormalised p~), weight_sums: float64
     [B, P, ceil(V / block)]; mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K];
     mode: int [B, K] (FROM_TARGET, FROM_RESIDUAL or WITHOUT_DRAFT); uniforms: float64 [B, K] -> int64 [B, K]."""
-    return _kernels_for(weights).recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block)
+    return _ops(weights).recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block)
 
 
 def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token.
     logits: float [B, P, V] with P >= K, masked; draft: int64 [B, K] (-1: none) -> (bool [B, K], int64 [B, K])."""
-    return _kernels_for(logits).relaxed_rows(logits, draft, k, delta)
+    return _ops(logits).relaxed_rows(logits, draft, k, delta)
 
 
 def verify_rows(draft: torch.Tensor, logits: torch.Tensor, *arguments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A whole verifier call for checked arguments, where `whole_call(logits)` holds; the arguments and
-    shapes are those of kernels/triton.verify_rows. Returns (first_rejected_idx [B], recovered [B, K],
-    bonus [B, 1])."""
-    return _kernels_for(logits).verify_rows(draft, logits, *arguments)
+    """A whole verifier call for checked arguments, where `backend_for(logits).runs_whole_calls`; the
+    arguments and shapes are those of kernels/triton.verify_rows. Returns (first_rejected_idx [B],
+    recovered [B, K], bonus [B, 1])."""
+    return _ops(logits).verify_rows(draft, logits, *arguments)

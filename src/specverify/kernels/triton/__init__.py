@@ -10,8 +10,11 @@ program. Under the interpreter, whose cost is per operation and program, tiles a
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
+from ..backend import Backend
 from ..native import FROM_RESIDUAL, WITHOUT_DRAFT
 from . import jit
 
@@ -152,7 +155,7 @@ def verify_rows(
 
     draft: int [B, K] as given (ids outside [0, V) and all after them are padding); logits: float [B, K+1, V]
     (any float dtype); bitmask: int32 [B, K+1, ceil(V/32)] or None; temperature, top_k, top_p, min_p: [B];
-    seed: int64 [] shared (row b uses s + b * 0x9E3779B97F4A7C15) or [B]; thinking: bool [B] or None with
+    seed: int64 [] shared (row b uses s + b * contract.ROW_STRIDE) or [B]; thinking: bool [B] or None with
     relaxed_topk and relaxed_delta; draft_probs: float [B, K, V] for sampled drafts, else None.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1]).
     """
@@ -181,3 +184,8 @@ def verify_rows(
         HAS_RELAXED=relaxed, SAMPLED=draft_probs is not None, **shape,
     )
     return first, recovered, bonus
+
+
+#: What this backend declares (kernels/backend.py): every per-row op and whole verifier calls; a row
+#: skipped in weigh_rows costs as much as any (the rows are gathered first).
+BACKEND = Backend(name="triton", ops=sys.modules[__name__], runs_whole_calls=True)

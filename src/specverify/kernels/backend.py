@@ -1,0 +1,53 @@
+"""The interface of a backend: what each one declares about itself (its name, its ops, what it can do).
+
+Every compiled backend implements each op of ROW_OPS (signatures and shapes: the dispatch functions of
+kernels/), and `verify_rows` too where it declares `runs_whole_calls`; the declaration checks its module
+for them, so a backend missing one fails when it is imported, not at its first call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+#: The per-row ops every compiled backend implements.
+ROW_OPS = ("weigh_rows", "argmax_rows", "scan_rows", "sample_rows", "recover_rows", "relaxed_rows")
+#: The op of a backend that runs whole verifier calls.
+WHOLE_CALL_OP = "verify_rows"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend, as it declares itself.
+
+    name: its value of SPECVERIFY_BACKEND. ops: the module whose functions are its ops (read at each call,
+    so a test may replace one), None for the torch reference (the rooms' own code, no ops here).
+    runs_whole_calls: it runs a whole verifier call in one kernel (`verify_rows`: every rule and the
+    first rejection in one launch). skips_rows_cheaply: `weigh_rows` skips a row whose source is negative
+    at next to no cost, so a walk over every row costs only the rows still walking (where it does not, a
+    caller weighs all its rows in one call instead).
+    """
+
+    name: str
+    ops: ModuleType | None
+    runs_whole_calls: bool = False
+    skips_rows_cheaply: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ops is None:
+            if self.runs_whole_calls or self.skips_rows_cheaply:
+                raise TypeError(f"backend {self.name!r} declares capabilities but no ops")
+            return
+        declared = ROW_OPS + ((WHOLE_CALL_OP,) if self.runs_whole_calls else ())
+        missing = [op for op in declared if not callable(getattr(self.ops, op, None))]
+        if missing:
+            raise TypeError(f"backend {self.name!r} declares ops its module {self.ops.__name__} lacks: {', '.join(missing)}")
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this backend runs the ops of kernels/ (else the caller runs its torch reference)."""
+        return self.ops is not None
+
+
+#: The torch reference: no compiled backend, so each room runs its own torch code.
+TORCH = Backend(name="torch", ops=None)

@@ -9,10 +9,7 @@ is written to", and a context manager that makes any Python-level read of tensor
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import sys
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -85,7 +82,7 @@ def native_available() -> bool:
 def triton_available() -> bool:
     """Whether the Triton kernels can run on CPU tensors here: triton installed and its interpreter chosen
     (TRITON_INTERPRET=1, set above where there is no CUDA device; on a GPU machine the kernels are checked
-    on CUDA tensors by scripts/check_cuda.py instead)."""
+    on CUDA tensors by `python -m specverify.check` instead)."""
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -120,7 +117,7 @@ def code_path(request):
 
 def _backend_params() -> list:
     skip_native = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
-    skip_triton = pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter (no CUDA here; on a GPU run scripts/check_cuda.py)")
+    skip_triton = pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter (no CUDA here; on a GPU run python -m specverify.check)")
     return [pytest.param("native", marks=skip_native), "torch", pytest.param("triton", marks=skip_triton)]
 
 
@@ -129,17 +126,6 @@ def each_backend(request):
     """Run the test on every backend (SPECVERIFY_BACKEND): native, torch and triton (interpreted on the CPU)."""
     with backend_path(request.param):
         yield request.param
-
-
-def load_check_cuda():
-    """scripts/check_cuda.py as a module (loaded once, registered as `check_cuda`)."""
-    if "check_cuda" not in sys.modules:
-        script = Path(__file__).resolve().parents[1] / "scripts" / "check_cuda.py"
-        spec = importlib.util.spec_from_file_location("check_cuda", script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["check_cuda"] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules["check_cuda"]
 
 
 def per_row_seeds(seed, batch: int) -> list[int]:

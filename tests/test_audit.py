@@ -15,8 +15,8 @@ from specverify.audit import stats
 from specverify.audit.exact import argmax_position_law, mixed_position_law, sampled_position_law, truncated_distribution
 from specverify.audit.invariance import check_drafter_invariance
 from specverify.audit.report import report_json
-from specverify.audit.runner import audit_scenario, contract_problems, run_audit
-from specverify.audit.scenarios import check_well_posed, scenario, scenario_matrix
+from specverify.audit.runner import audit_scenario, run_audit
+from specverify.audit.scenarios import check_well_posed, contract_problems, scenario, scenario_matrix
 from specverify.audit.verifier import as_verifier, load_verifier
 from wrong_verifiers import recovery_from_full_target, top_p_before_top_k_renormalisation
 

@@ -14,13 +14,7 @@ import specverify as sv
 from specverify.audit.__main__ import main
 from specverify.audit.runner import audit_scenario, run_audit
 from specverify.audit.scenarios import scenario_matrix
-from specverify.audit.trees import (
-    audited_verifiers,
-    draw_tree_drafts,
-    tree_contract_problems,
-    tree_scenario,
-    tree_scenario_matrix,
-)
+from specverify.audit.trees import audited_verifiers, tree_contract_problems, tree_scenario, tree_scenario_matrix
 from specverify.audit.verifier import DEFAULT_VERIFIER, as_verifier, load_verifier
 from wrong_verifiers import recovery_from_full_target, tree_recovery_from_full_target
 
@@ -50,12 +44,12 @@ def test_the_path_length_law_by_hand():
 
 def test_drafts_follow_the_sibling_scheme():
     scenario = TREES["tree/sampled/without-replacement"]
-    drafts = draw_tree_drafts(scenario, 20_000, np.random.default_rng(0))
+    drafts = scenario.draw(20_000, np.random.default_rng(0))
     root = drafts[:, :3]
     assert all(len(set(row)) == 3 for row in root[:200].tolist())  # no repeated sibling token
     q = scenario.draft_law[0]
     assert np.bincount(root[:, 0], minlength=len(q)) / len(root) == pytest.approx(q, abs=0.015)
-    iid = draw_tree_drafts(TREES["tree/sampled/with-replacement"], 5_000, np.random.default_rng(1))[:, :3]
+    iid = TREES["tree/sampled/with-replacement"].draw(5_000, np.random.default_rng(1))[:, :3]
     assert any(len(set(row)) < 3 for row in iid.tolist())
 
 

@@ -1,6 +1,6 @@
-"""Parity: identical results for torch thread counts 1 and 2, and scripts/check_cuda.py kept alive.
+"""Parity: identical results for torch thread counts 1 and 2, and the device check (specverify.check) kept alive.
 
-check_cuda.py compares a device against a reference and classifies every differing token. Without CUDA
+The device check compares a device against a reference and classifies every differing token. Without CUDA
 its logic runs here on the CPU: the compiled kernels against the torch path (the code CUDA runs), a
 candidate whose logits are nudged by a few ulps (to make the rounding differences a GPU would make), and
 a candidate that is simply wrong (which must be flagged). The CUDA tests skip cleanly without a device.
@@ -8,8 +8,8 @@ a candidate that is simply wrong (which must be flagged). The CUDA tests skip cl
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +18,14 @@ import pytest
 import torch
 
 import specverify as sv
-from conftest import load_check_cuda, native_available, outputs_equal
+from conftest import native_available, outputs_equal
+from specverify.check import parity
+from specverify.check.__main__ import main as check_main
+from specverify.check.parity import boundary_cases, parity_cases, parity_check
+from specverify.check.targets import Target
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_cuda.py"
+SOURCES = Path(__file__).resolve().parents[1] / "src"
 HAS_CUDA = torch.cuda.is_available()
-
-check_cuda = load_check_cuda()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -136,29 +138,31 @@ def test_thread_count_is_restored():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# scripts/check_cuda.py
+# The device check (python -m specverify.check)
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: the script runs for real (see the CUDA tests)")
-def test_script_exits_cleanly_without_cuda():
-    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: the check runs for real (see the CUDA tests)")
+def test_check_exits_cleanly_without_cuda():
+    environment = {**os.environ, "PYTHONPATH": str(SOURCES)}
+    result = subprocess.run([sys.executable, "-m", "specverify.check"], capture_output=True, text=True, env=environment,
+                            timeout=300)
     assert result.returncode == 0, result.stderr
     assert "no CUDA device" in result.stdout
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"skipped": True, "reason": "no CUDA device", "passed": True}
 
 
-def test_script_rejects_unknown_sections(capsys):
+def test_check_rejects_unknown_sections(capsys):
     with pytest.raises(SystemExit) as exit_:
-        check_cuda.main(["--device", "cpu", "--sections", "parity,speed"])
+        check_main(["--device", "cpu", "--sections", "parity,speed"])
     assert exit_.value.code == 2
 
 
-def test_script_cpu_run_of_every_section(capsys):
-    """The whole script on the CPU (reference and candidate both the default CPU path): every section passes."""
+def test_check_cpu_run_of_every_section(capsys):
+    """The whole check on the CPU (reference and candidate both the default CPU path): every section passes."""
     # without the compiled kernels the CPU runs the torch path, whose exactness fails on the known float32
     # histogram bug (see test_hardening_numerics.py): then only the other sections are run
     sections = "exactness,statistics,parity" if native_available() else "statistics,parity"
-    code = check_cuda.main(["--device", "cpu", "--quick", "--rows", "2000", "--sections", sections])
+    code = check_main(["--device", "cpu", "--quick", "--rows", "2000", "--sections", sections])
     output = capsys.readouterr().out
     report = json.loads(output.strip().splitlines()[-1])
     assert code == 0, output
@@ -171,8 +175,8 @@ def test_script_cpu_run_of_every_section(capsys):
 def test_classifier_explains_rounding_at_cdf_boundaries():
     """Draws placed exactly on a CDF boundary, with the candidate's logits nudged by 2 ulps: tokens differ
     in many rows, and every difference is classified as a rounding boundary."""
-    cases = check_cuda.boundary_cases(200, seed=3)
-    report = check_cuda.parity_check(check_cuda.Target("cpu"), check_cuda.Target("cpu", perturb_ulps=2), cases=cases)
+    cases = boundary_cases(200, seed=3)
+    report = parity_check(Target("cpu"), Target("cpu", perturb_ulps=2), cases=cases)
     by_case = {r["case"]: r for r in report["cases"]}
     for name in ("on-boundary argmax", "on-boundary sampled"):
         assert by_case[name]["mismatches"] >= 10, by_case[name]
@@ -183,7 +187,7 @@ def test_classifier_explains_rounding_at_cdf_boundaries():
 
 def test_classifier_flags_a_wrong_candidate(monkeypatch):
     """A candidate that commits other tokens (here: token + 1) is reported as unexplained, and fails."""
-    original = check_cuda.run_verifier
+    original = parity.run_verifier
 
     def wrong(args, target):
         out = original(args, target)
@@ -192,9 +196,9 @@ def test_classifier_flags_a_wrong_candidate(monkeypatch):
             return out[0], (out[1] + 1) % vocab, (out[2] + 1) % vocab
         return out
 
-    monkeypatch.setattr(check_cuda, "run_verifier", wrong)
-    cases = check_cuda.parity_cases(quick=True, include_flat_256k=False)[:4]
-    report = check_cuda.parity_check(check_cuda.Target("cpu"), check_cuda.Target("cpu", native=False), cases=cases)
+    monkeypatch.setattr(parity, "run_verifier", wrong)
+    cases = parity_cases(quick=True, include_flat_256k=False)[:4]
+    report = parity_check(Target("cpu"), Target("cpu", native=False), cases=cases)
     assert not report["passed"]
     assert report["total"]["unexplained"] > 0.5 * report["total"]["mismatches"] > 0
 
@@ -203,16 +207,16 @@ def test_classifier_flags_a_wrong_candidate(monkeypatch):
 def test_compiled_kernels_and_torch_path_agree_up_to_rounding():
     """The CPU stand-in for CPU vs CUDA: the torch path (what CUDA runs) against the compiled kernels.
     Tokens may differ only on rounding boundaries, which the on-boundary cases provoke on purpose."""
-    cases = check_cuda.parity_cases(quick=True, include_flat_256k=False)
-    report = check_cuda.parity_check(check_cuda.Target("cpu"), check_cuda.Target("cpu", native=False), cases=cases)
+    cases = parity_cases(quick=True, include_flat_256k=False)
+    report = parity_check(Target("cpu"), Target("cpu", native=False), cases=cases)
     assert report["passed"], report["failures"]
     natural = [r for r in report["cases"] if not r["case"].startswith("on-boundary")]
     assert sum(r["mismatches"] for r in natural) == 0, natural
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_script_on_cuda_quick(capsys):
-    code = check_cuda.main(["--quick"])
+def test_check_on_cuda_quick(capsys):
+    code = check_main(["--quick"])
     output = capsys.readouterr().out
     assert code == 0, output
 

@@ -3,7 +3,7 @@ set by conftest.py before triton is imported), and every kernel compiled for rea
 in a subprocess without the interpreter.
 
 Against the torch reference on the same uniforms: kept sets identical, tokens identical except where a
-uniform lies within rounding of a CDF boundary (classified as scripts/check_cuda.py does); against the
+uniform lies within rounding of a CDF boundary (classified as the device check, specverify.check.parity, does); against the
 float64 laws: chi-square with power; keyed uniforms bit-identical to rng.py; a whole call is two launches,
 with no read back to the host.
 """
@@ -22,19 +22,20 @@ import torch
 
 import specverify as sv
 from specverify.audit.exact import truncated_distribution
+from specverify.check.parity import parity_cases, parity_check
+from specverify.check.statistics import statistics_check
+from specverify.check.targets import Target
 from specverify.rng import keyed_uniform
 
-from conftest import backend_path, check_output_invariants, forbid_host_reads, load_check_cuda, triton_available
+from conftest import backend_path, check_output_invariants, forbid_host_reads, triton_available
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install -e '.[test]') and its interpreter (no CUDA here; on a GPU run scripts/check_cuda.py)")
+pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install -e '.[test]') and its interpreter (no CUDA here; on a GPU run python -m specverify.check)")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 jit = pytest.importorskip("specverify.kernels.triton.jit")
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILE_SCRIPT = ROOT / "tests" / "compile_triton.py"
-
-check_cuda = load_check_cuda()
 
 
 def _compile(capabilities: list[str], *flags: str, tmp_path: Path) -> str:
@@ -157,7 +158,7 @@ def test_recovery_draws_follow_their_float64_laws():
 
 
 def _parity_cases():
-    cases = [case for case in check_cuda.parity_cases(quick=True, include_flat_256k=False)
+    cases = [case for case in parity_cases(quick=True, include_flat_256k=False)
              if case.name in ("argmax V=1000", "argmax V=50 fp16", "sampled V=64", "relaxed V=300")
              or case.name.startswith("on-boundary")]
     for case in cases:  # <= 64 rows x positions each
@@ -172,8 +173,7 @@ def test_whole_calls_match_the_torch_reference_up_to_rounding():
     """Every rule, masks, padding, fp16, sampled drafts with q = 0 / one-hot / p~ itself, and draws placed
     on CDF boundaries on purpose: tokens identical to the torch path, except on rounding boundaries."""
     cases = _parity_cases()
-    report = check_cuda.parity_check(check_cuda.Target("cpu", backend="torch"), check_cuda.Target("cpu", backend="triton"),
-                                     cases=cases)
+    report = parity_check(Target("cpu", backend="torch"), Target("cpu", backend="triton"), cases=cases)
     assert report["passed"], report["failures"]
     natural = [r for r in report["cases"] if not r["case"].startswith("on-boundary")]
     assert sum(r["mismatches"] for r in natural) == 0, natural
@@ -181,9 +181,9 @@ def test_whole_calls_match_the_torch_reference_up_to_rounding():
 
 
 def test_whole_calls_follow_the_float64_laws():
-    """check_cuda's statistics section through Triton: chi-square of every committed position and of the
+    """The device check's statistics section through Triton: chi-square of every committed position and of the
     first rejection against exact laws, argmax and sampled drafts, masks, min-p; power shown."""
-    report = check_cuda.statistics_check(check_cuda.Target("cpu", backend="triton"), rows_per_group=3000)
+    report = statistics_check(Target("cpu", backend="triton"), rows_per_group=3000)
     assert report["passed"], report["failures"]
     assert report["tests"] == 40 and report["power_p_value"] < 1e-6
 

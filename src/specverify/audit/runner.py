@@ -1,7 +1,7 @@
 """Run a verifier on every scenario and judge what it commits against the exact laws.
 
-Per scenario: one batched call of N rows, each row with its own seed and its own draft drawn from the
-scenario's draft law; then, at every position j = 0..K, the tokens committed at j by the rows that reached
+Per scenario: one batched call of N rows (scenario.observe), each row with its own seed and its own draft
+drawn from the scenario's draft law; then, at every position j = 0..K, the tokens committed at j by the rows that reached
 j are fitted to the exact committed law, and the first-rejection index of every row to its exact law
 (stats.fit: TV distance, chi-square p-value, detectable TV).
 
@@ -15,32 +15,18 @@ scenarios are lossy by design: their divergence from p~ is measured and reported
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
-import specverify as sv
-
+from .calls import Observation
 from .invariance import InvarianceResult, check_drafter_invariance
 from .scenarios import Laws, Scenario
 from .stats import Fit, fit, total_variation
 from .verifier import Verifier
 
 Progress = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one batched call committed. first: int64 [N]; committed: int64 [N, K+1], the token
-    committed at j by rows that reached it, -1 elsewhere; problems: contract breaks (then no committed)."""
-
-    first: np.ndarray
-    committed: np.ndarray
-    seconds: float
-    problems: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -139,119 +125,6 @@ def bonferroni_level(alpha: float, tests: int) -> float:
     return alpha / max(tests, 1)
 
 
-# ---- one call ----------------------------------------------------------------------------------------
-
-
-def _scenario_rng(scenario: Scenario, seed: int) -> np.random.Generator:
-    """The same per-scenario stream in the default and quick audits (keyed by name, not by position)."""
-    return np.random.default_rng([seed, zlib.crc32(scenario.name.encode())])
-
-
-def draw_drafts(scenario: Scenario, rows: int, rng: np.random.Generator) -> np.ndarray:
-    """int64 [N, K]: each row's draft at j drawn from the draft law of j; after the first -1, all -1."""
-    V = scenario.vocab
-    drafts = np.stack([rng.choice(V + 1, size=rows, p=law / law.sum()) for law in scenario.draft_law], axis=1)
-    drafts = np.where(drafts == V, -1, drafts).reshape(rows, scenario.positions)
-    padded = np.cumsum(drafts < 0, axis=1) > 0
-    return np.where(padded, -1, drafts).astype(np.int64)
-
-
-def verifier_arguments(scenario: Scenario, drafts: np.ndarray, seeds: np.ndarray, device: str) -> tuple[tuple, dict]:
-    """(the eight positional arguments, the optional ones this scenario needs) of the batched call."""
-    rows, K = drafts.shape
-    to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
-    logits = torch.from_numpy(scenario.logits).to(getattr(torch, scenario.dtype))
-    positional = (
-        to(drafts, torch.int64),
-        logits.to(device)[None].expand(rows, K + 1, scenario.vocab).contiguous(),
-        to(np.full(rows, scenario.temperature), torch.float32),
-        to(np.full(rows, scenario.top_k), torch.int64),
-        scenario.top_k if scenario.top_k > 0 else -1,  # max_k: the largest top_k, -1 when unlimited
-        to(np.full(rows, scenario.top_p), torch.float32),
-        float(np.float32(scenario.top_p)),  # min_top_p: min(top_p), as the float32 tensor holds it
-        to(seeds, torch.int64),
-    )
-    optional = {}
-    if scenario.min_p > 0:
-        optional["min_p"] = to(np.full(rows, scenario.min_p), torch.float32)
-    if scenario.allowed is not None:
-        masks = sv.pack_bitmask(torch.from_numpy(scenario.allowed))
-        optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
-    if scenario.draft_proposal == "sampled":
-        probs = torch.from_numpy(scenario.draft_probs).to(device)
-        optional["draft_proposal"] = "sampled"
-        optional["draft_probs_full"] = probs[None].expand(rows, *probs.shape).contiguous()
-    if scenario.relaxed is not None:
-        optional["in_thinking_phase"] = torch.ones(rows, dtype=torch.bool, device=device)
-        optional["relaxed_topk"], optional["relaxed_delta"] = scenario.relaxed
-    return positional, optional
-
-
-def contract_problems(
-    drafts: np.ndarray, first: np.ndarray, recovered: np.ndarray, bonus: np.ndarray, vocab: int
-) -> list[str]:
-    """SPEC §1 on one call's outputs: shapes; 0 <= first <= K; nothing accepted at or past a padding;
-    accepted tokens equal the drafts; committed ids in [0, V). Each problem names a row."""
-    rows, K = drafts.shape
-    shapes = {
-        "first_rejected_idx": (first, (rows,)),
-        "recovered_tokens": (recovered, (rows, K)),
-        "bonus_tokens": (bonus, (rows, 1)),
-    }
-    wrong = [
-        f"{name} has shape {list(out.shape)}, expected {list(shape)}"
-        for name, (out, shape) in shapes.items()
-        if out.shape != shape
-    ]
-    if wrong:
-        return wrong
-    problems = []
-
-    def report(bad: np.ndarray, what: str) -> None:
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            problems.append(f"{what} in {int(bad.sum())} rows (first: row {row})")
-
-    report((first < 0) | (first > K), f"first_rejected_idx outside [0, {K}]")
-    present = (drafts >= 0).sum(1) if K else np.zeros(rows, dtype=np.int64)
-    report(first > present, "a draft accepted at or after padding")
-    accepted = np.arange(K)[None, :] < first[:, None]
-    report((accepted & (recovered != drafts)).any(1), "an accepted position's recovered token differs from its draft")
-    committed = np.concatenate([recovered, bonus], axis=1)
-    reached = np.arange(K + 1)[None, :] <= first[:, None]
-    report((reached & ((committed < 0) | (committed >= vocab))).any(1), f"a committed token outside [0, {vocab})")
-    return problems
-
-
-def batched_call(
-    verifier: Verifier, scenario, rows: int, seed: int, device: str, draw: Callable, arguments: Callable
-) -> tuple[np.ndarray, tuple[np.ndarray, ...], float]:
-    """Draw the drafts (draw(scenario, rows, rng)) and a seed per row, make the one batched call with
-    arguments(scenario, drafts, seeds, device) -> (drafts, the verifier's three outputs, seconds)."""
-    rng = _scenario_rng(scenario, seed)
-    drafts = draw(scenario, rows, rng)
-    seeds = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=rows, dtype=np.int64, endpoint=True)
-    positional, optional = arguments(scenario, drafts, seeds, device)
-    start = time.perf_counter()
-    outputs = tuple(out.numpy() for out in verifier(*positional, **optional))
-    return drafts, outputs, time.perf_counter() - start
-
-
-def observe(verifier: Verifier, scenario: Scenario, rows: int, seed: int, device: str = "cpu") -> Observation:
-    """Draw the drafts and seeds, make the one batched call, and collect what each row committed."""
-    drafts, (first, recovered, bonus), seconds = batched_call(
-        verifier, scenario, rows, seed, device, draw_drafts, verifier_arguments
-    )
-    problems = tuple(contract_problems(drafts, first, recovered, bonus, scenario.vocab))
-    K = scenario.positions
-    committed = np.full((rows, K + 1), -1, dtype=np.int64)
-    if not problems:
-        tokens = np.concatenate([recovered, bonus], axis=1)
-        reached = np.arange(K + 1)[None, :] <= first[:, None]
-        committed[reached] = tokens[reached]
-    return Observation(first, committed, seconds, problems)
-
-
 # ---- judging -----------------------------------------------------------------------------------------
 
 
@@ -283,26 +156,10 @@ def judge(scenario: Scenario, observation: Observation, level: float) -> Scenari
     return replace(result, verdict="pass" if result.min_p_value >= level else "FAIL")
 
 
-def _is_tree(scenario) -> bool:
-    from .trees import TreeScenario  # trees.py builds on this module
-
-    return isinstance(scenario, TreeScenario)
-
-
-def _observer_and_arguments(scenario) -> tuple[Callable, Callable]:
-    """(observe, the arguments it passes) for a chain scenario, or their tree twins (trees.py)."""
-    if _is_tree(scenario):
-        from .trees import observe_tree, tree_arguments
-
-        return observe_tree, tree_arguments
-    return observe, verifier_arguments
-
-
 def lacking_arguments(verifier: Verifier, scenario: Scenario) -> list[str]:
     """The optional arguments a scenario (chain or tree) passes that the verifier does not take."""
     probe = np.zeros((1, scenario.positions), dtype=np.int64)
-    arguments = _observer_and_arguments(scenario)[1]
-    return verifier.lacks(arguments(scenario, probe, np.zeros(1, dtype=np.int64), "cpu")[1])
+    return verifier.lacks(scenario.arguments(probe, np.zeros(1, dtype=np.int64), "cpu")[1])
 
 
 def audit_scenario(
@@ -313,7 +170,7 @@ def audit_scenario(
     if lacking:
         return ScenarioResult(scenario, rows, "skipped", (f"the verifier takes no {', '.join(lacking)}",))
     try:
-        observation = _observer_and_arguments(scenario)[0](verifier, scenario, rows, seed, device)
+        observation = scenario.observe(verifier, rows, seed, device)
     except Exception as err:  # a verifier under audit may raise anything; the report says what
         return ScenarioResult(scenario, rows, "raised", (f"raised {type(err).__name__}: {err}",))
     return judge(scenario, observation, level)
@@ -342,7 +199,7 @@ def run_audit(
     `tree_verifier` when given, else with `verifier`. progress(done, total, label) is called before each
     step and once at the end."""
     start = time.perf_counter()
-    pick = lambda scenario: tree_verifier if tree_verifier is not None and _is_tree(scenario) else verifier  # noqa: E731
+    pick = lambda scenario: tree_verifier if tree_verifier is not None and scenario.tree else verifier  # noqa: E731
     tests = sum(s.positions + 2 for s in scenarios if s.lossless and not lacking_arguments(pick(s), s))
     level = bonferroni_level(alpha, tests)
     steps = len(scenarios) + (invariance is not None)

@@ -1,4 +1,5 @@
-"""The scenario matrix, and what each scenario must commit (exact float64 laws from exact.py).
+"""Chain scenarios: the matrix, what each scenario must commit (exact float64 laws from exact.py) and
+how one is run as one batched call of a chain verifier (SPEC §1).
 
 A scenario is one situation run as one batched call: every row has the same target logits, sampling
 parameters and draft law, and its own seed; each row's draft at position j is drawn independently from
@@ -19,6 +20,9 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..bitmask import pack_bitmask
+from ..contract import PAD
+from .calls import Observation, batched_call, row_problems, shape_problems
 from .exact import (
     GREEDY_TEMPERATURE,
     argmax_position_law,
@@ -29,6 +33,7 @@ from .exact import (
     sampled_position_law,
     truncated_distribution,
 )
+from .verifier import Verifier
 
 SMALL_VOCAB = 12
 LLM_VOCAB = 4096
@@ -66,6 +71,7 @@ class Scenario:
     relaxed: tuple[int, float] | None = None
     dtype: str = "float32"
     quick: bool = False
+    tree = False  # a chain scenario, for the chain verifier
 
     @property
     def positions(self) -> int:
@@ -116,6 +122,57 @@ class Scenario:
         """exact_laws(self), computed once (the LLM-shaped ones take a second)."""
         return exact_laws(self)
 
+    def draw(self, rows: int, rng: np.random.Generator) -> np.ndarray:
+        """int64 [N, K]: each row's draft at j drawn from the draft law of j; after the first PAD, all PAD."""
+        V = self.vocab
+        drafts = np.stack([rng.choice(V + 1, size=rows, p=law / law.sum()) for law in self.draft_law], axis=1)
+        drafts = np.where(drafts == V, PAD, drafts).reshape(rows, self.positions)
+        padded = np.cumsum(drafts < 0, axis=1) > 0
+        return np.where(padded, PAD, drafts).astype(np.int64)
+
+    def arguments(self, drafts: np.ndarray, seeds: np.ndarray, device: str) -> tuple[tuple, dict]:
+        """(the eight positional arguments, the optional ones this scenario needs) of the batched call.
+        drafts: int64 [N, K]; seeds: int64 [N]."""
+        rows, K = drafts.shape
+        to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
+        logits = torch.from_numpy(self.logits).to(getattr(torch, self.dtype))
+        positional = (
+            to(drafts, torch.int64),
+            logits.to(device)[None].expand(rows, K + 1, self.vocab).contiguous(),
+            to(np.full(rows, self.temperature), torch.float32),
+            to(np.full(rows, self.top_k), torch.int64),
+            self.top_k if self.top_k > 0 else -1,  # max_k: the largest top_k, -1 when unlimited
+            to(np.full(rows, self.top_p), torch.float32),
+            float(np.float32(self.top_p)),  # min_top_p: min(top_p), as the float32 tensor holds it
+            to(seeds, torch.int64),
+        )
+        optional = {}
+        if self.min_p > 0:
+            optional["min_p"] = to(np.full(rows, self.min_p), torch.float32)
+        if self.allowed is not None:
+            masks = pack_bitmask(torch.from_numpy(self.allowed))
+            optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
+        if self.draft_proposal == "sampled":
+            probs = torch.from_numpy(self.draft_probs).to(device)
+            optional["draft_proposal"] = "sampled"
+            optional["draft_probs_full"] = probs[None].expand(rows, *probs.shape).contiguous()
+        if self.relaxed is not None:
+            optional["in_thinking_phase"] = torch.ones(rows, dtype=torch.bool, device=device)
+            optional["relaxed_topk"], optional["relaxed_delta"] = self.relaxed
+        return positional, optional
+
+    def observe(self, verifier: Verifier, rows: int, seed: int, device: str = "cpu") -> Observation:
+        """Draw the drafts and seeds, make the one batched call, and collect what each row committed."""
+        drafts, (first, recovered, bonus), seconds = batched_call(verifier, self, rows, seed, device)
+        problems = tuple(contract_problems(drafts, first, recovered, bonus, self.vocab))
+        K = self.positions
+        committed = np.full((rows, K + 1), PAD, dtype=np.int64)
+        if not problems:
+            tokens = np.concatenate([recovered, bonus], axis=1)
+            reached = np.arange(K + 1)[None, :] <= first[:, None]
+            committed[reached] = tokens[reached]
+        return Observation(first, committed, seconds, problems)
+
 
 @dataclass(frozen=True)
 class Laws:
@@ -155,6 +212,34 @@ def exact_laws(scenario: Scenario) -> Laws:
     return Laws(target, committed, accept, first_rejection_law(accept))
 
 
+def contract_problems(
+    drafts: np.ndarray, first: np.ndarray, recovered: np.ndarray, bonus: np.ndarray, vocab: int
+) -> list[str]:
+    """SPEC §1 on one call's outputs (drafts [N, K]; first [N]; recovered [N, K]; bonus [N, 1]): shapes;
+    0 <= first <= K; nothing accepted at or past a padding; accepted tokens equal the drafts; committed
+    ids in [0, V). Each problem names a row."""
+    rows, K = drafts.shape
+    wrong = shape_problems({
+        "first_rejected_idx": (first, (rows,)),
+        "recovered_tokens": (recovered, (rows, K)),
+        "bonus_tokens": (bonus, (rows, 1)),
+    })
+    if wrong:
+        return wrong
+    present = (drafts >= 0).sum(1) if K else np.zeros(rows, dtype=np.int64)
+    accepted = np.arange(K)[None, :] < first[:, None]
+    committed = np.concatenate([recovered, bonus], axis=1)
+    reached = np.arange(K + 1)[None, :] <= first[:, None]
+    return [
+        *row_problems((first < 0) | (first > K), f"first_rejected_idx outside [0, {K}]"),
+        *row_problems(first > present, "a draft accepted at or after padding"),
+        *row_problems((accepted & (recovered != drafts)).any(1),
+                      "an accepted position's recovered token differs from its draft"),
+        *row_problems((reached & ((committed < 0) | (committed >= vocab))).any(1),
+                      f"a committed token outside [0, {vocab})"),
+    ]
+
+
 def check_kept_sets_stable(scenario, where: str = "position") -> None:
     """Raise ValueError if a kept set changes when top_p or min_p move by BOUNDARY_MARGIN: such a scenario
     would judge float32 rounding, not the verifier. scenario: a Scenario (or a tree's, whose logits
@@ -186,11 +271,12 @@ def check_well_posed(scenario: Scenario) -> None:
 # ---- building the matrix ----------------------------------------------------------------------------
 
 
-def _rng(name: str) -> np.random.Generator:
+def named_rng(name: str) -> np.random.Generator:
+    """The generator a scenario (chain or tree) is built from, fixed by its name."""
     return np.random.default_rng(zlib.crc32(name.encode()))
 
 
-def _small_logits(rng: np.random.Generator, positions: int, vocab: int) -> np.ndarray:
+def small_logits(rng: np.random.Generator, positions: int, vocab: int) -> np.ndarray:
     """float32 [K+1, V]: normal scores, sd 1.5."""
     return rng.normal(0, 1.5, size=(positions + 1, vocab)).astype(np.float32)
 
@@ -212,7 +298,7 @@ def _round_to(logits: np.ndarray, dtype: str) -> np.ndarray:
     return torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
 
 
-def _grammar_mask(rng: np.random.Generator, logits: np.ndarray, disallowed: float) -> np.ndarray:
+def grammar_mask(rng: np.random.Generator, logits: np.ndarray, disallowed: float) -> np.ndarray:
     """bool [K+1, V]: each token disallowed with probability `disallowed`; the most likely token is
     disallowed at position 0 (so the mask matters even to greedy rows) and the second always allowed."""
     allowed = rng.random(logits.shape) >= disallowed
@@ -229,7 +315,7 @@ def _draft_model(rng: np.random.Generator, logits: np.ndarray, noise: float) -> 
     return q / q.sum(-1, keepdims=True)
 
 
-def _draft_probs(rng: np.random.Generator, kind: str, logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+def draft_distribution(rng: np.random.Generator, kind: str, logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """float64 [K, V], a draft distribution q: 'model' (a noisy smaller model), 'close' (0.7 p~ + 0.3
     random), 'disagree' (a spiky random law), 'outside' (80% on the lowest-scored token, which p~ drops
     when it truncates, 20% on p~'s top), 'avoid-top' (random, 0 at p~'s top) or 'zero' (no distribution)."""
@@ -304,13 +390,13 @@ def scenario(
     """Build one scenario from a few words. drafts: a kind of _draft_law ('q' draws them from the draft
     distribution of kind `q`, which "sampled" scenarios also pass as draft_probs_full); mask: the share of
     disallowed tokens; padding[j]: the share of rows padded at position j; shape: 'small' or 'llm'."""
-    rng = _rng(name)
-    logits = _round_to((_llm_logits if shape == "llm" else _small_logits)(rng, positions, vocab), dtype)
-    allowed = _grammar_mask(rng, logits, mask) if mask else None
+    rng = named_rng(name)
+    logits = _round_to((_llm_logits if shape == "llm" else small_logits)(rng, positions, vocab), dtype)
+    allowed = grammar_mask(rng, logits, mask) if mask else None
     base = Scenario(name, about, logits, np.zeros((positions, vocab + 1)), rows, temperature, top_k, top_p,
                     min_p, allowed, proposal, relaxed=relaxed, dtype=dtype, quick=quick)  # fmt: skip
     targets = np.stack([base.target(j) for j in range(positions + 1)])
-    q_law = _draft_probs(rng, q, logits, targets) if q else None
+    q_law = draft_distribution(rng, q, logits, targets) if q else None
     return replace(
         base,
         draft_law=_draft_law(drafts, targets, logits, q_law, padding),

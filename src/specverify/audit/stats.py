@@ -1,9 +1,16 @@
-"""Goodness of fit of observed counts against an exact law: TV distance, chi-square, and power.
+"""Goodness of fit of observed counts against an exact law: TV distance, chi-square, and power. The one
+chi-square of the repository: the audit, the device check (specverify.check) and the tests use it.
 
 One `fit` answers three questions about n samples whose exact law is known:
 - how far are they (total-variation distance), and how far would exact samples be (its expectation);
 - are they consistent with the law (chi-square p-value, bins with expected count < 5 pooled);
 - how large a deviation could this test see (the detectable TV, defined below).
+
+**Pooling.** Bins expected to hold fewer than 5 samples are pooled into one; when that pool itself
+expects fewer than 5 it is merged into the smallest other bin, so that every bin of the test expects at
+least 5. A small pool left as a bin of its own would be a bin where the chi-square approximation fails:
+one sample in a pool expecting 0.01 adds ~100 to the statistic, a false alarm that a correct sampler
+would raise far more often than the test's level says.
 
 **Detectable TV.** The smallest total-variation distance delta such that *every* law at TV >= delta from
 the exact one (measured on the test's pooled bins) is flagged at the test's level with probability >= 80%.
@@ -26,6 +33,11 @@ from scipy import optimize, stats
 POWER = 0.8
 #: Bins expected to hold fewer samples than this are pooled (the chi-square approximation needs ~5).
 MIN_EXPECTED = 5.0
+#: Fixed levels of the checks outside the audit (the device check, the tests): a correct sampler passes
+#: each chi-square test at PASS_P_VALUE; a known-wrong variant, at the same sample size, falls below
+#: POWER_P_VALUE.
+PASS_P_VALUE = 1e-4
+POWER_P_VALUE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,13 @@ def chi_square_p_value(counts: np.ndarray, law: np.ndarray) -> tuple[float, int]
     if keep.sum() < 2:
         return 1.0, int(keep.sum())
     return float(stats.chisquare(observed[keep], expected[keep]).pvalue), int(keep.sum())
+
+
+def samples_p_value(samples: np.ndarray, law: np.ndarray) -> float:
+    """chi_square_p_value of token ids (int, any shape) against law [V]."""
+    law = np.asarray(law, dtype=np.float64)
+    counts = np.bincount(np.asarray(samples).reshape(-1), minlength=len(law))
+    return chi_square_p_value(counts, law)[0]
 
 
 def detectable_tv(n: int, bins: int, level: float) -> float:

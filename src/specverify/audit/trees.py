@@ -19,9 +19,19 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..bitmask import pack_bitmask
+from ..contract import PAD
+from .calls import Observation, batched_call, row_problems, shape_problems
 from .exact import GREEDY_TEMPERATURE, tree_node_law, truncated_distribution
-from .runner import Observation, batched_call
-from .scenarios import Laws, _draft_probs, _grammar_mask, _rng, _small_logits, check_kept_sets_stable
+from .scenarios import (
+    Laws,
+    check_kept_sets_stable,
+    draft_distribution,
+    grammar_mask,
+    named_rng,
+    scenario_matrix,
+    small_logits,
+)
 from .verifier import DEFAULT_TREE_VERIFIER, DEFAULT_VERIFIER, Verifier, load_verifier
 
 #: (parent, siblings) per sibling group, in index order: nodes 0-2 hang from the root, 3-4 from node 0,
@@ -53,6 +63,7 @@ class TreeScenario:
     quick: bool = False
     lossless = True
     dtype = "float32"
+    tree = True  # a tree scenario, for a tree verifier
 
     @property
     def positions(self) -> int:
@@ -91,6 +102,65 @@ class TreeScenario:
     def laws(self) -> Laws:
         return exact_tree_laws(self)
 
+    def draw(self, rows: int, rng: np.random.Generator) -> np.ndarray:
+        """int64 [rows, N]: each sibling group's tokens drawn from its index's draft law, as `draws` says."""
+        columns = []
+        for parent, siblings in self.groups:
+            law = self.draft_law[parent + 1]
+            uniform = np.full(len(law), 1 / len(law))
+            left = np.broadcast_to(law / law.sum() if law.sum() else uniform, (rows, len(law))).copy()
+            for _ in range(siblings):
+                cumulative = left.cumsum(-1)
+                tokens = (cumulative < rng.random((rows, 1)) * cumulative[:, -1:]).sum(-1).clip(0, len(law) - 1)
+                columns.append(tokens)
+                if self.draws == "without_replacement":
+                    left[np.arange(rows), tokens] = 0.0
+        return np.stack(columns, axis=1).astype(np.int64)
+
+    def arguments(self, drafts: np.ndarray, seeds: np.ndarray, device: str) -> tuple[tuple, dict]:
+        """(the seven positional arguments, the optional ones this scenario needs) of the batched call.
+        drafts: int64 [rows, N]; seeds: int64 [rows]."""
+        rows, nodes = drafts.shape
+        to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
+        positional = (
+            to(drafts, torch.int64),
+            to(np.tile(self.parents, (rows, 1)), torch.int64),
+            torch.from_numpy(self.logits).to(device)[None].expand(rows, nodes + 1, self.vocab).contiguous(),
+            to(np.full(rows, self.temperature), torch.float32),
+            to(np.full(rows, self.top_k), torch.int64),
+            to(np.full(rows, self.top_p), torch.float32),
+            to(seeds, torch.int64),
+        )
+        optional = {}
+        if self.min_p > 0:
+            optional["min_p"] = to(np.full(rows, self.min_p), torch.float32)
+        if self.allowed is not None:
+            masks = pack_bitmask(torch.from_numpy(self.allowed))
+            optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
+        if self.draft_proposal == "sampled":
+            q = torch.as_tensor(self.draft_law[self.parents + 1], dtype=torch.float32, device=device)
+            optional.update(draft_proposal="sampled", draft_probs=q[None].expand(rows, *q.shape).contiguous(),
+                            sibling_draws=self.draws)  # fmt: skip
+        return positional, optional
+
+    def observe(self, verifier: Verifier, rows: int, seed: int, device: str = "cpu") -> Observation:
+        """Draw the drafts and seeds, make the one batched call and collect the token committed at each index.
+
+        Observation.first is the path length; committed [rows, N+1] holds at column x the token committed at
+        index x by the rows whose walk reached it, PAD elsewhere."""
+        drafts, (path, length, token), seconds = batched_call(verifier, self, rows, seed, device)
+        nodes = self.positions
+        problems = tuple(tree_contract_problems(drafts, self.parents, path, length, token, self.vocab))
+        committed = np.full((rows, nodes + 1), PAD, dtype=np.int64)
+        if not problems:
+            row = np.arange(rows)
+            for d in range(nodes + 1):  # step d of the walk is at index 0 (d = 0) or path[d - 1] + 1
+                walking = length >= d
+                index = np.zeros(rows, dtype=np.int64) if d == 0 else path[:, d - 1] + 1
+                accepted = drafts[row, path[:, d].clip(0)] if d < nodes else token
+                committed[row[walking], index[walking]] = np.where(length > d, accepted, token)[walking]
+        return Observation(length.astype(np.int64), committed, seconds, problems)
+
 
 def exact_tree_laws(scenario: TreeScenario) -> Laws:
     """target, committed: float64 [N+1, V] per index; first_rejection: the law of the path length [N+1];
@@ -115,6 +185,30 @@ def exact_tree_laws(scenario: TreeScenario) -> Laws:
     reached = length[::-1].cumsum()[::-1]  # P(length >= d)
     accept = np.divide(reached[1:], reached[:-1], out=np.zeros(nodes), where=reached[:-1] > 0)
     return Laws(target, committed, accept, length)
+
+
+def tree_contract_problems(
+    drafts: np.ndarray, parents: np.ndarray, path: np.ndarray, length: np.ndarray, token: np.ndarray, vocab: int
+) -> list[str]:
+    """SPEC §8 on one call's outputs (drafts [rows, N]; parents [N]; path [rows, N]; length, token [rows]):
+    shapes; 0 <= length <= N; the path descends from the root through children; PAD after it; next_token
+    in [0, V). Each problem names a row."""
+    rows, nodes = drafts.shape
+    wrong = shape_problems({"path": (path, (rows, nodes)), "path_length": (length, (rows,)),
+                            "next_token": (token, (rows,))})  # fmt: skip
+    if wrong:
+        return wrong
+    on_path = np.arange(nodes)[None, :] < length[:, None]
+    node = np.where(on_path, path, 0).clip(0, max(nodes - 1, 0))
+    expected_parent = np.concatenate([np.full((rows, 1), -1), node[:, :-1]], axis=1)
+    inside = (path >= 0) & (path < nodes)
+    return [
+        *row_problems((length < 0) | (length > nodes), f"path_length outside [0, {nodes}]"),
+        *row_problems((~on_path & (path != PAD)).any(1), "path not -1 after path_length"),
+        *row_problems((on_path & (~inside | (parents[node] != expected_parent))).any(1),
+                      "a path that is not a walk down the tree"),
+        *row_problems((token < 0) | (token >= vocab), f"next_token outside [0, {vocab})"),
+    ]
 
 
 def check_tree_well_posed(scenario: TreeScenario) -> None:
@@ -144,17 +238,17 @@ def tree_scenario(
     min_p: float = 0.0,
     quick: bool = False,
 ) -> TreeScenario:
-    """Build one tree scenario; q: a kind of scenarios._draft_probs, the draft law of every index."""
-    rng = _rng(name)
+    """Build one tree scenario; q: a kind of scenarios.draft_distribution, the draft law of every index."""
+    rng = named_rng(name)
     nodes = sum(siblings for _, siblings in groups)
-    logits = _small_logits(rng, nodes, vocab)
-    allowed = _grammar_mask(rng, logits, mask) if mask else None
+    logits = small_logits(rng, nodes, vocab)
+    allowed = grammar_mask(rng, logits, mask) if mask else None
     base = TreeScenario(name, about, logits, tuple(groups), np.zeros((nodes + 1, vocab)), rows, draws, temperature,
                         top_k, top_p, min_p, allowed, proposal, quick)  # fmt: skip
     targets = np.stack([base.target(x) for x in range(nodes + 1)])
-    # _draft_probs makes q for all but its last row: give it one row more than there are indices
+    # draft_distribution makes q for all but its last row: give it one row more than there are indices
     padded = lambda a: np.concatenate([a, a[-1:]])  # noqa: E731
-    law = _draft_probs(rng, q, padded(logits), padded(targets))
+    law = draft_distribution(rng, q, padded(logits), padded(targets))
     scenario = replace(base, draft_law=law)
     check_tree_well_posed(scenario)
     return scenario
@@ -182,104 +276,6 @@ def tree_scenario_matrix() -> list[TreeScenario]:
     ]  # fmt: skip
 
 
-# ---- one call ----------------------------------------------------------------------------------------
-
-
-def draw_tree_drafts(scenario: TreeScenario, rows: int, rng: np.random.Generator) -> np.ndarray:
-    """int64 [rows, N]: each sibling group's tokens drawn from its index's draft law, as `draws` says."""
-    columns = []
-    for parent, siblings in scenario.groups:
-        law = scenario.draft_law[parent + 1]
-        left = np.broadcast_to(law / law.sum() if law.sum() else np.full(len(law), 1 / len(law)), (rows, len(law))).copy()
-        for _ in range(siblings):
-            cumulative = left.cumsum(-1)
-            tokens = (cumulative < rng.random((rows, 1)) * cumulative[:, -1:]).sum(-1).clip(0, len(law) - 1)
-            columns.append(tokens)
-            if scenario.draws == "without_replacement":
-                left[np.arange(rows), tokens] = 0.0
-    return np.stack(columns, axis=1).astype(np.int64)
-
-
-def tree_arguments(scenario: TreeScenario, drafts: np.ndarray, seeds: np.ndarray, device: str) -> tuple[tuple, dict]:
-    """(the seven positional arguments, the optional ones this scenario needs) of the batched call."""
-    rows, nodes = drafts.shape
-    to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
-    positional = (
-        to(drafts, torch.int64),
-        to(np.tile(scenario.parents, (rows, 1)), torch.int64),
-        torch.from_numpy(scenario.logits).to(device)[None].expand(rows, nodes + 1, scenario.vocab).contiguous(),
-        to(np.full(rows, scenario.temperature), torch.float32),
-        to(np.full(rows, scenario.top_k), torch.int64),
-        to(np.full(rows, scenario.top_p), torch.float32),
-        to(seeds, torch.int64),
-    )
-    optional = {}
-    if scenario.min_p > 0:
-        optional["min_p"] = to(np.full(rows, scenario.min_p), torch.float32)
-    if scenario.allowed is not None:
-        from specverify import pack_bitmask
-
-        masks = pack_bitmask(torch.from_numpy(scenario.allowed))
-        optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
-    if scenario.draft_proposal == "sampled":
-        q = torch.as_tensor(scenario.draft_law[scenario.parents + 1], dtype=torch.float32, device=device)
-        optional.update(draft_proposal="sampled", draft_probs=q[None].expand(rows, *q.shape).contiguous(),
-                        sibling_draws=scenario.draws)  # fmt: skip
-    return positional, optional
-
-
-def tree_contract_problems(
-    drafts: np.ndarray, parents: np.ndarray, path: np.ndarray, length: np.ndarray, token: np.ndarray, vocab: int
-) -> list[str]:
-    """SPEC §8 on one call's outputs: shapes; 0 <= length <= N; the path descends from the root through
-    children; -1 after it; next_token in [0, V). Each problem names a row."""
-    rows, nodes = drafts.shape
-    wrong = [f"{name} has shape {list(out.shape)}, expected {list(shape)}" for name, out, shape in
-             (("path", path, (rows, nodes)), ("path_length", length, (rows,)), ("next_token", token, (rows,)))
-             if out.shape != shape]  # fmt: skip
-    if wrong:
-        return wrong
-    problems = []
-
-    def report(bad: np.ndarray, what: str) -> None:
-        if bad.any():
-            problems.append(f"{what} in {int(bad.sum())} rows (first: row {int(np.flatnonzero(bad)[0])})")
-
-    report((length < 0) | (length > nodes), f"path_length outside [0, {nodes}]")
-    depth = np.arange(nodes)[None, :]
-    on_path = depth < length[:, None]
-    report((~on_path & (path != -1)).any(1), "path not -1 after path_length")
-    node = np.where(on_path, path, 0).clip(0, max(nodes - 1, 0))
-    expected_parent = np.concatenate([np.full((rows, 1), -1), node[:, :-1]], axis=1)
-    inside = (path >= 0) & (path < nodes)
-    report((on_path & (~inside | (parents[node] != expected_parent))).any(1), "a path that is not a walk down the tree")
-    report((token < 0) | (token >= vocab), f"next_token outside [0, {vocab})")
-    return problems
-
-
-def observe_tree(verifier: Verifier, scenario: TreeScenario, rows: int, seed: int, device: str = "cpu") -> Observation:
-    """Draw the drafts and seeds, make the one batched call and collect the token committed at each index.
-
-    Observation.first is the path length; committed [rows, N+1] holds at column x the token committed at
-    index x by the rows whose walk reached it, -1 elsewhere."""
-    drafts, (path, length, token), seconds = batched_call(
-        verifier, scenario, rows, seed, device, draw_tree_drafts, tree_arguments
-    )
-    nodes = scenario.positions
-    problems = tuple(tree_contract_problems(drafts, scenario.parents, path, length, token, scenario.vocab))
-    committed = np.full((rows, nodes + 1), -1, dtype=np.int64)
-    if not problems:
-        row = np.arange(rows)
-        for d in range(nodes + 1):  # step d of the walk is at index 0 (d = 0) or path[d - 1] + 1
-            walking = length >= d
-            index = np.zeros(rows, dtype=np.int64) if d == 0 else path[:, d - 1] + 1
-            accepted = drafts[row, path[:, d].clip(0)] if d < nodes else token
-            committed[row[walking], index[walking]] = np.where(length > d, accepted, token)[walking]
-    return Observation(length.astype(np.int64), committed, seconds, problems)
-
-
-
-
 def audited_verifiers(spec: str, tree: bool) -> tuple[Verifier, Verifier | None, list]:
     """What `specverify audit --verifier SPEC [--tree]` audits -> (verifier, tree verifier or None, scenarios).
 
@@ -287,8 +283,6 @@ def audited_verifiers(spec: str, tree: bool) -> tuple[Verifier, Verifier | None,
     scenarios. --tree alone: specverify's tree verifier on the tree scenarios. Any other verifier: on the
     tree scenarios when it is a tree verifier (--tree, or a parameter named `parents`), else on the chain
     scenarios. ValueError when the verifier cannot be loaded."""
-    from .scenarios import scenario_matrix
-
     if spec == DEFAULT_VERIFIER:
         if tree:
             return load_verifier(DEFAULT_TREE_VERIFIER, tree=True), None, tree_scenario_matrix()

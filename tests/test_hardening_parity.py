@@ -144,7 +144,7 @@ def test_thread_count_is_restored():
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: the check runs for real (see the CUDA tests)")
 def test_check_exits_cleanly_without_cuda():
     environment = {**os.environ, "PYTHONPATH": str(SOURCES)}
-    result = subprocess.run([sys.executable, "-m", "specverify.check"], capture_output=True, text=True, env=environment,
+    result = subprocess.run([sys.executable, "-m", "specverify.check", "--device", "cuda"], capture_output=True, text=True, env=environment,
                             timeout=300)
     assert result.returncode == 0, result.stderr
     assert "no CUDA device" in result.stdout
@@ -228,3 +228,21 @@ def test_cuda_matches_cpu_on_ordinary_inputs(mode):
     cpu = sv.stochastic_acceptance_sampler(**args)
     cuda = sv.stochastic_acceptance_sampler(**{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
     assert outputs_equal(cpu, tuple(t.cpu() for t in cuda))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: auto picks it")
+def test_specverify_check_runs_on_the_device_at_hand(capsys):
+    """`specverify check` without --device on a machine without CUDA: the CPU's default backend against its
+    torch reference path, parity and a timing beside one amax read, exit 0."""
+    from specverify import cli
+
+    code = cli.main(["check", "--quick", "--sections", "parity,timing"])
+    output = capsys.readouterr().out
+    report = json.loads(output.strip().splitlines()[-1])
+    assert code == 0, output
+    assert report["candidate"] == "cpu" and report["reference"] == "cpu (torch path)"
+    assert report["parity"]["total"]["unexplained"] == 0
+    cases = report["timing"]["cases"]
+    assert cases["read floor (amax)"]["x_read_floor"] == 1.0
+    assert {"argmax, validate=False", "sampled, validate=False", "all greedy, validate=False"} <= set(cases)
+    assert "  timing " in output and "x one torch.amax read" in output

@@ -1,5 +1,5 @@
 """The `specverify` command: it parses and dispatches; each command's arguments and logic live beside
-its subject (`decoding.command`, `audit.command`, `bench`).
+its subject (`decoding.command`, `audit.command`, `bench`, `check.command`).
 
 Errors a user can fix (bad arguments, a missing extra or model package) end the command with one line on
 stderr that says what to do, and exit status 2.
@@ -37,8 +37,14 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     add_bench_arguments(commands.add_parser("bench", help=HELP, description=DESCRIPTION))
 
 
+def _add_check(commands: argparse._SubParsersAction) -> None:
+    from .check import add_check_arguments
+
+    add_check_arguments(commands.add_parser("check", help="check parity, exactness and timing on the device at hand"))
+
+
 #: The subcommands, in the order `specverify --help` lists them: one line per command.
-COMMANDS = (_add_generate, _add_audit, _add_bench)
+COMMANDS = (_add_generate, _add_audit, _add_bench, _add_check)
 
 
 def build_parser() -> argparse.ArgumentParser:

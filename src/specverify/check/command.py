@@ -1,8 +1,10 @@
 """`specverify check`: the device check's arguments and its run. Heavy imports (the sections) wait for the
 run, so building the `specverify` parser stays cheap.
 
-    python -m specverify.check              # on cuda (Triton kernels), against the CPU; exits 0 with a message
-                                            # if there is no CUDA device
+    specverify check                        # the device at hand: on cuda (Triton kernels) against the CPU, or
+                                            # on a machine without CUDA the CPU's kernels against its torch path
+    python -m specverify.check --device cuda
+                                            # on cuda, against the CPU; exits 0 with a message without CUDA
     python -m specverify.check --quick      # smaller sizes (about a minute on a GPU, plus Triton's compiles)
     python -m specverify.check --candidate-backend torch --quick
                                             # the torch reference path on CUDA instead
@@ -22,13 +24,14 @@ import argparse
 import json
 
 DESCRIPTION = (
-    "Check specverify on a device (the candidate, default cuda): truncated_probs against the float64 oracle "
-    "(exactness), committed tokens against exact laws by chi-square, with power (statistics), and every token "
-    "against the same call on a reference device (default cpu), each difference classified (parity). The last "
-    "line of the output is one JSON object with every result. Exit status 0 when every check passed (or there "
-    "is no CUDA device to check), 1 when one failed, 2 on bad arguments."
+    "Check specverify on the device at hand (the candidate: CUDA where there is one, else the CPU): "
+    "truncated_probs against the float64 oracle (exactness), committed tokens against exact laws by chi-square, "
+    "with power (statistics), every token against the same call on a reference (the CPU; on the CPU, its torch "
+    "reference path), each difference classified (parity), and the cost of a call beside one read of the "
+    "logits (timing). The last line of the output is one JSON object with every result. Exit status 0 when "
+    "every check passed (or --device cuda finds no CUDA device), 1 when one failed, 2 on bad arguments."
 )
-SECTIONS = ("exactness", "statistics", "parity")
+SECTIONS = ("exactness", "statistics", "parity", "timing")
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -46,8 +49,9 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     from ..kernels import BACKENDS
 
     parser.description = parser.description or DESCRIPTION
-    parser.add_argument("--device", default="cuda", help="the device under test (default: cuda)")
-    parser.add_argument("--reference", default="cpu", help="the device it is compared with (default: cpu)")
+    parser.add_argument("--device", default="auto", help="the device under test (default auto: cuda if there is one, else cpu)")
+    parser.add_argument("--reference", default="cpu", help="the device it is compared with (default: cpu; with --device "
+                        "auto on a machine without CUDA, the CPU's torch reference path)")
     parser.add_argument("--candidate-fallback", action="store_true", help="on the CPU: test the torch path (no compiled kernels)")
     parser.add_argument("--reference-fallback", action="store_true", help="on the CPU: the reference uses the torch path")
     parser.add_argument("--candidate-backend", choices=list(BACKENDS), default=None,
@@ -70,6 +74,11 @@ def run_check_command(args: argparse.Namespace) -> int:
     from .report import print_report, run_checks
     from .targets import Target
 
+    reference_fallback = args.reference_fallback
+    if args.device == "auto":  # the device at hand; on the CPU its compiled kernels against its torch path
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        reference_fallback = reference_fallback or (args.device == "cpu" and args.reference == "cpu"
+                                                    and not args.candidate_fallback)
     for device in (args.device, args.reference):
         if device.startswith("cuda") and not torch.cuda.is_available():
             print(f"specverify check: no CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False); "
@@ -85,7 +94,7 @@ def run_check_command(args: argparse.Namespace) -> int:
 
     candidate = Target(args.device, native=not args.candidate_fallback, perturb_ulps=args.perturb_ulps,
                        backend=args.candidate_backend)
-    reference = Target(args.reference, native=not args.reference_fallback)
+    reference = Target(args.reference, native=not reference_fallback)
     rows = args.rows or (4000 if args.quick else 20_000)
     report = run_checks(candidate, reference, args.quick, rows, args.rtol, args.kept_set_mass, args.sections)
     print_report(report)

@@ -12,6 +12,7 @@ from .exactness import exactness_check
 from .parity import parity_check
 from .statistics import statistics_check
 from .targets import Target
+from .timing import timing_check
 
 
 def print_report(report: dict, out=None) -> None:
@@ -44,6 +45,12 @@ def print_report(report: dict, out=None) -> None:
                 what = "differing mass" if d["kind"].startswith("kept-set") else "relative distance to the nearest boundary"
                 print(f"      row {d['row']} position {d['position']}: token {d['reference']} vs {d['candidate']} ({d['kind']}, "
                       f"{what} {d['measure']:.2e})", file=out)
+    if "timing" in report:
+        t = report["timing"]
+        shape = ", ".join(f"{k}={v}" for k, v in t["shape"].items())
+        print(f"  timing      {shape} float32 on {t['backend']}, median x one torch.amax read:", file=out)
+        for name, case in t["cases"].items():
+            print(f"    {name:<32} {case['median_ms']:>9.3f} ms  {case['x_read_floor']:>6.2f}x", file=out)
     for section in ("exactness", "statistics", "parity"):
         for failure in report.get(section, {}).get("failures", []):
             print(f"  FAILED {section}: {failure}", file=out)
@@ -51,8 +58,8 @@ def print_report(report: dict, out=None) -> None:
 
 def run_checks(candidate: Target, reference: Target, quick: bool, rows_per_group: int, rtol: float, kept_mass: float,
                sections: tuple[str, ...]) -> dict:
-    """Run the sections named (of exactness, statistics, parity) on the candidate, parity against the
-    reference -> the report, JSON-ready: each section's results, the seconds taken, whether all passed."""
+    """Run the sections named (of exactness, statistics, parity, timing) on the candidate, parity against
+    the reference -> the report, JSON-ready: each section's results, the seconds taken, whether all passed."""
     report: dict = dict(candidate=str(candidate), reference=str(reference), torch=torch.__version__)
     if candidate.device.startswith("cuda"):
         report["device_name"] = torch.cuda.get_device_name(torch.device(candidate.device))
@@ -63,6 +70,8 @@ def run_checks(candidate: Target, reference: Target, quick: bool, rows_per_group
         report["statistics"] = statistics_check(candidate, rows_per_group)
     if "parity" in sections:
         report["parity"] = parity_check(reference, candidate, quick, rtol, kept_mass)
+    if "timing" in sections:
+        report["timing"] = timing_check(candidate, quick)
     report["seconds"] = round(time.time() - started, 1)
     report["passed"] = all(report[s]["passed"] for s in sections)
     return report

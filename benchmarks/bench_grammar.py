@@ -27,9 +27,9 @@ from specverify.decoding import (
     plain_generate,
     speculative_generate,
 )
-from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.engines.loading import load_model
 from specverify.decoding.constraints.schema import read_schema, schema_violation
+from specverify.decoding.engines.loading import load_model
+from specverify.decoding.examples import EXAMPLES
 
 SCHEMA = Path(__file__).resolve().parent.parent / "examples" / "person.schema.json"
 TEMPERATURES = (0.0, 0.7, 1.0)

@@ -38,8 +38,8 @@ import time
 import torch
 
 from specverify.decoding import NgramDrafter, SamplingParams, plain_generate, speculative_generate
-from specverify.decoding.examples import EXAMPLES
 from specverify.decoding.engines.loading import load_model, torch_threads
+from specverify.decoding.examples import EXAMPLES
 
 LOOKUP_KS = (4, 10)
 FIXED_KS = (4, 10)
@@ -51,8 +51,11 @@ def hf_generate(loaded, ids: list[int], temperature: float, max_tokens: int, loo
     """transformers generate (prompt lookup with `lookup` tokens, or plain) -> new tokens."""
     model = loaded.model.model
     eos = sorted(loaded.tokenizer.stop_tokens)
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
-        "do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature
+        else {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    )
     torch.manual_seed(seed)
     inputs = torch.tensor([ids])
     out = model.generate(
@@ -64,7 +67,7 @@ def hf_generate(loaded, ids: list[int], temperature: float, max_tokens: int, loo
         prompt_lookup_num_tokens=lookup,
         **sampling,
     )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def methods(loaded, ids: list[int], temperature: float, max_tokens: int):
@@ -72,7 +75,10 @@ def methods(loaded, ids: list[int], temperature: float, max_tokens: int):
     table = {"hf plain": lambda seed: (hf_generate(loaded, ids, temperature, max_tokens, None, seed), None, None)}
     for k in LOOKUP_KS:
         table[f"hf lookup K={k}"] = lambda seed, k=k: (
-            hf_generate(loaded, ids, temperature, max_tokens, k, seed), None, None)
+            hf_generate(loaded, ids, temperature, max_tokens, k, seed),
+            None,
+            None,
+        )
     return {**table, **ours(loaded, ids, temperature, max_tokens)}
 
 
@@ -85,13 +91,18 @@ def ours(loaded, ids: list[int], temperature: float, max_tokens: int, prefix: st
     def loop(k):
         def run(seed):
             start, first = time.perf_counter(), []
-            on_step = lambda event: first or first.append(time.perf_counter() - start)  # noqa: E731
+
+            def on_step(event):
+                return first or first.append(time.perf_counter() - start)
+
             if k is None:
                 result = plain_generate(loaded.model, [ids], params, seed=seed, on_step=on_step, **common)
             else:
                 result = speculative_generate(
-                    loaded.model, NgramDrafter(), [ids], params, k=k, seed=seed, on_step=on_step, **common)
+                    loaded.model, NgramDrafter(), [ids], params, k=k, seed=seed, on_step=on_step, **common
+                )
             return result.tokens[0], result.tokens_per_step, first[0]
+
         return run
 
     table = {f"{prefix} plain": loop(None)}
@@ -131,8 +142,15 @@ def llama_cpp_llms(path, threads: int) -> dict:
     def llm(lookup):
         draft = None if lookup is None else LlamaPromptLookupDecoding(num_pred_tokens=lookup)
         with without_extra_buffers():
-            return Llama(str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, draft_model=draft,
-                         flash_attn=True, verbose=False)
+            return Llama(
+                str(path),
+                n_ctx=2048,
+                n_threads=threads,
+                n_threads_batch=threads,
+                draft_model=draft,
+                flash_attn=True,
+                verbose=False,
+            )
 
     return {"lc plain": llm(None), **{f"lc lookup K={k}": llm(k) for k in LOOKUP_KS}}
 
@@ -155,8 +173,10 @@ def llamacpp_methods(loaded, llms: dict, ids: list[int], temperature: float, max
     """llama.cpp's own plain and lookup generation beside specverify's loops on llama.cpp (same weights),
     and, given the model loaded on transformers, specverify's plain and K=auto loops there ("tf ...")."""
     stop = loaded.tokenizer.stop_tokens
-    table = {name: lambda seed, llm=llm: lc_generate(llm, ids, temperature, max_tokens, stop, seed)
-             for name, llm in llms.items()}
+    table = {
+        name: lambda seed, llm=llm: lc_generate(llm, ids, temperature, max_tokens, stop, seed)
+        for name, llm in llms.items()
+    }
     table.update(ours(loaded, ids, temperature, max_tokens))
     if transformers is not None:
         table.update(ours(transformers, ids, temperature, max_tokens, "tf", ("auto",)))
@@ -218,8 +238,9 @@ def measure(table: dict, warm_up: dict, baseline: str, repeats: int) -> tuple[di
         per_step = [rnd[method][3] for rnd in rounds if rnd[method][3] is not None]
         out[method] = {
             "tokens_per_second": round(statistics.median(rnd[method][0] for rnd in rounds), 2),
-            "decode_tokens_per_second": None if slot == 0 else round(
-                statistics.median(rnd[method][1] for rnd in rounds), 2),
+            "decode_tokens_per_second": None
+            if slot == 0
+            else round(statistics.median(rnd[method][1] for rnd in rounds), 2),
             "tokens": statistics.median(len(rnd[method][2]) for rnd in rounds),
             "tokens_per_step": round(statistics.median(per_step), 3) if per_step else None,
             "vs_plain": ratios(rounds, method, lambda rnd: rnd[baseline][slot], slot),
@@ -236,11 +257,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--engine", default="transformers", choices=("transformers", "llamacpp"),
-                        help="transformers (beside model.generate) or llamacpp (beside llama.cpp's own Llama)")
+    parser.add_argument(
+        "--engine",
+        default="transformers",
+        choices=("transformers", "llamacpp"),
+        help="transformers (beside model.generate) or llamacpp (beside llama.cpp's own Llama)",
+    )
     parser.add_argument("--llamacpp-f16", action="store_true", help="with --engine llamacpp: the F16 copy")
-    parser.add_argument("--with-transformers", action="store_true",
-                        help="with --engine llamacpp: also specverify's plain and K=auto loops on transformers")
+    parser.add_argument(
+        "--with-transformers",
+        action="store_true",
+        help="with --engine llamacpp: also specverify's plain and K=auto loops on transformers",
+    )
     args = parser.parse_args()
     torch.set_num_threads(torch_threads(args.engine, args.threads))
     loaded = load_model(engine=args.engine, threads=args.threads, f16=args.llamacpp_f16)
@@ -250,36 +278,59 @@ def main() -> None:
     models = {prefix: loaded.model, "sv": loaded.model, "tf": transformers and transformers.model}
     load_before = os.getloadavg()
     results = {}
-    print(f"{loaded.source}, {args.threads} thread(s); rates of whole generations (prefill included) and, "
-          f"where measured, of decoding after the first token; ratios of {'decode' if llms else 'whole'} rates, "
-          f"min-median over rounds")
-    print(f"{'example':9} {'T':>3} {'method':14} {'tok/s':>6} {'dec/s':>6} {'tok/step':>8} {f'x {prefix} plain':>12} "
-          f"{'x sv plain':>11} {'x best lookup':>13}  same as plain")
+    print(
+        f"{loaded.source}, {args.threads} thread(s); rates of whole generations (prefill included) and, "
+        f"where measured, of decoding after the first token; ratios of {'decode' if llms else 'whole'} rates, "
+        f"min-median over rounds"
+    )
+    print(
+        f"{'example':9} {'T':>3} {'method':14} {'tok/s':>6} {'dec/s':>6} {'tok/step':>8} {f'x {prefix} plain':>12} "
+        f"{'x sv plain':>11} {'x best lookup':>13}  same as plain"
+    )
     for name in args.examples.split(","):
         ids = loaded.tokenizer.encode_chat(EXAMPLES[name])
         for temperature in (float(t) for t in args.temperatures.split(",")):
-            build = (lambda n: llamacpp_methods(loaded, llms, ids, temperature, n, transformers)) if llms else (
-                lambda n: methods(loaded, ids, temperature, n))
-            rows, first_round = measure(build(args.max_tokens), build(8), f"{prefix} plain", args.repeats)
+            rows, first_round = measure(
+                *(
+                    llamacpp_methods(loaded, llms, ids, temperature, n, transformers)
+                    if llms
+                    else methods(loaded, ids, temperature, n)
+                    for n in (args.max_tokens, 8)
+                ),
+                f"{prefix} plain",
+                args.repeats,
+            )
             for method, row in rows.items():
                 row["same_as_plain"] = same_as_plain(models, ids, method, first_round, temperature, f"{prefix} plain")
                 per_step = "" if row["tokens_per_step"] is None else f"{row['tokens_per_step']:.2f}"
                 decode = "" if row["decode_tokens_per_second"] is None else f"{row['decode_tokens_per_second']:.1f}"
                 shown = ["{:.2f}-{:.2f}".format(*row[key]) for key in ("vs_plain", "vs_sv_plain", "vs_best_lookup")]
                 same = row["same_as_plain"]
-                same = "" if same is None else "yes" if same is True else (
-                    f"no: token {same['index']}, margin {same['margin']}")
-                print(f"{name:9} {temperature:3.1f} {method:14} {row['tokens_per_second']:6.1f} {decode:>6} "
-                      f"{per_step:>8} {shown[0]:>12} {shown[1]:>11} {shown[2]:>13}  {same}", flush=True)
+                same = (
+                    ""
+                    if same is None
+                    else "yes"
+                    if same is True
+                    else (f"no: token {same['index']}, margin {same['margin']}")
+                )
+                print(
+                    f"{name:9} {temperature:3.1f} {method:14} {row['tokens_per_second']:6.1f} {decode:>6} "
+                    f"{per_step:>8} {shown[0]:>12} {shown[1]:>11} {shown[2]:>13}  {same}",
+                    flush=True,
+                )
             results[f"{name}@T={temperature}"] = rows
     load_after = os.getloadavg()
     print(f"load average (1, 5, 15 min): before {load_before}, after {load_after}; threads {args.threads}")
-    print(json.dumps({
-        "settings": vars(args),
-        "model": loaded.source,
-        "load_average": {"before": load_before, "after": load_after},
-        "results": results,
-    }))
+    print(
+        json.dumps(
+            {
+                "settings": vars(args),
+                "model": loaded.source,
+                "load_average": {"before": load_before, "after": load_after},
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

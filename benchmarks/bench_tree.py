@@ -27,11 +27,18 @@ import time
 import torch
 
 import specverify
-from specverify.decoding import NgramDrafter, NgramTrieDrafter, SamplingParams, plain_generate, speculative_generate, tree_generate
-from specverify.decoding.examples import EXAMPLES
-from specverify.decoding.engines.loading import load_model
-from specverify.decoding.params import row_params
+from specverify.decoding import (
+    NgramDrafter,
+    NgramTrieDrafter,
+    SamplingParams,
+    plain_generate,
+    speculative_generate,
+    tree_generate,
+)
 from specverify.decoding.drafting.tree import continuation_trie
+from specverify.decoding.engines.loading import load_model
+from specverify.decoding.examples import EXAMPLES
+from specverify.decoding.params import row_params
 
 NAMES = ("copy", "code", "chat", "json")
 TEMPERATURES = (0.0, 0.7)
@@ -129,7 +136,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cost", action="store_true", help="only the cost curve (forward + verify against step tokens)")
+    parser.add_argument(
+        "--cost", action="store_true", help="only the cost curve (forward + verify against step tokens)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model()
@@ -140,13 +149,17 @@ def main() -> None:
         base = curve[1]["chain"][0]
         print(f"{'tokens':>6} {'chain ms':>14} {'tree ms':>14} {'x 1-token (min)':>16}   (min / median)")
         for n, row in curve.items():
-            print(f"{n:6d} {'{:.1f} / {:.1f}'.format(*row['chain']):>14} {'{:.1f} / {:.1f}'.format(*row['tree']):>14} "
-                  f"{row['tree'][0] / base:16.2f}")
+            print(
+                f"{n:6d} {'{:.1f} / {:.1f}'.format(*row['chain']):>14} {'{:.1f} / {:.1f}'.format(*row['tree']):>14} "
+                f"{row['tree'][0] / base:16.2f}"
+            )
     else:
         chain_ks = args.chain_ks.split(",")
         tree_nodes = [int(n) for n in args.tree_nodes.split(",")]
-        print(f"{'example':8} {'T':>4} {'method':12} {'tok/s min-med':>14} {'tok/step':>8} {'x plain':>12} "
-              f"{'x best chain':>13}   (ratios: min-median over rounds)")
+        print(
+            f"{'example':8} {'T':>4} {'method':12} {'tok/s min-med':>14} {'tok/step':>8} {'x plain':>12} "
+            f"{'x best chain':>13}   (ratios: min-median over rounds)"
+        )
         for name in args.examples.split(","):
             for temperature in (float(t) for t in args.temperatures.split(",")):
                 rows = measure(loaded, name, temperature, args.max_tokens, args.repeats, chain_ks, tree_nodes)
@@ -155,12 +168,21 @@ def main() -> None:
                     if method == "best_chain":
                         continue
                     mark = "*" if method == rows["best_chain"] else " "
-                    print(f"{name:8} {temperature:4.1f} {method + mark:12} {'{:.1f}-{:.1f}'.format(*row['tokens_per_second']):>14} "
-                          f"{row['tokens_per_step']:8.2f} {'{:.2f}-{:.2f}'.format(*row['vs_plain']):>12} "
-                          f"{'{:.2f}-{:.2f}'.format(*row['vs_best_chain']):>13}", flush=True)
+                    print(
+                        f"{name:8} {temperature:4.1f} {method + mark:12} {'{:.1f}-{:.1f}'.format(*row['tokens_per_second']):>14} "
+                        f"{row['tokens_per_step']:8.2f} {'{:.2f}-{:.2f}'.format(*row['vs_plain']):>12} "
+                        f"{'{:.2f}-{:.2f}'.format(*row['vs_best_chain']):>13}",
+                        flush=True,
+                    )
     load_after = os.getloadavg()
-    print(f"load average (1, 5, 15 min): before {load_before}, after {load_after}; threads {args.threads}; * best chain")
-    print(json.dumps({"settings": vars(args), "load_average": {"before": load_before, "after": load_after}, "results": results}))
+    print(
+        f"load average (1, 5, 15 min): before {load_before}, after {load_after}; threads {args.threads}; * best chain"
+    )
+    print(
+        json.dumps(
+            {"settings": vars(args), "load_average": {"before": load_before, "after": load_after}, "results": results}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,13 +20,16 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
 from . import kernels, stochastic_acceptance_sampler, tree_acceptance_sampler
 from .kernels import native
+
+#: The default device of the timed calls.
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -102,19 +105,32 @@ def sort_based_baseline(batch: Batch) -> torch.Tensor:
     return order.gather(1, race.argmax(-1, keepdim=True))[:, 0]
 
 
-def _verifier(batch: Batch, mode: str, validate: bool, greedy_only: bool = False, backend: str | None = None) -> Callable[[], object]:
+def _verifier(
+    batch: Batch, mode: str, validate: bool, greedy_only: bool = False, backend: str | None = None
+) -> Callable[[], object]:
     """One verifier call on the batch; backend: force one (SPECVERIFY_BACKEND) for the call, else the device's."""
     temperature = torch.zeros_like(batch.temperature) if greedy_only else batch.temperature
     extra = {"draft_proposal": "sampled", "draft_probs_full": batch.draft_probs} if mode == "sampled" else {}
     if mode == "relaxed":  # every request in its thinking phase: top-3, delta 0.3
-        extra = {"in_thinking_phase": torch.ones_like(batch.temperature, dtype=torch.bool), "relaxed_topk": 3,
-                 "relaxed_delta": 0.3}
+        extra = {
+            "in_thinking_phase": torch.ones_like(batch.temperature, dtype=torch.bool),
+            "relaxed_topk": 3,
+            "relaxed_delta": 0.3,
+        }
 
     def run() -> object:
         with kernels.forced(backend):
             return stochastic_acceptance_sampler(
-                batch.draft_tokens, batch.target_logits, temperature, batch.top_k, None, batch.top_p, None, batch.seed,
-                validate=validate, **extra,
+                batch.draft_tokens,
+                batch.target_logits,
+                temperature,
+                batch.top_k,
+                None,
+                batch.top_p,
+                None,
+                batch.seed,
+                validate=validate,
+                **extra,
             )
 
     return run
@@ -129,12 +145,18 @@ def _flashinfer_cases(batch: Batch) -> tuple[dict[str, Callable[[], object]], st
         return {}, "FlashInfer runs on CUDA only"
     try:
         sampling = importlib.import_module("flashinfer.sampling")
-    except Exception as error:  # noqa: BLE001 - any import failure means: not available here
+    except Exception as error:
         return {}, f"flashinfer is not importable ({type(error).__name__}: {error})"
     requests, positions = batch.draft_tokens.shape
     logits = batch.target_logits.float()
-    per_row = lambda t: t.repeat_interleave(positions + 1)  # noqa: E731
-    top_k, top_p = per_row(torch.where(batch.top_k > 0, batch.top_k, logits.shape[-1])).int(), per_row(batch.top_p).float()
+
+    def per_row(t):
+        return t.repeat_interleave(positions + 1)
+
+    top_k, top_p = (
+        per_row(torch.where(batch.top_k > 0, batch.top_k, logits.shape[-1])).int(),
+        per_row(batch.top_p).float(),
+    )
     target_probs = torch.softmax(logits, -1).view(requests, positions + 1, -1)
     draft = batch.draft_tokens.int()
 
@@ -142,24 +164,36 @@ def _flashinfer_cases(batch: Batch) -> tuple[dict[str, Callable[[], object]], st
         return sampling.chain_speculative_sampling(batch.draft_probs, draft, probs)
 
     cases = {
-        "flashinfer top_k_top_p_sampling_from_logits": lambda: sampling.top_k_top_p_sampling_from_logits(logits, top_k, top_p),
+        "flashinfer top_k_top_p_sampling_from_logits": lambda: sampling.top_k_top_p_sampling_from_logits(
+            logits, top_k, top_p
+        ),
         "flashinfer chain_speculative_sampling": lambda: chain(target_probs),
-        "flashinfer softmax + chain_speculative_sampling": lambda: chain(torch.softmax(logits, -1).view(requests, positions + 1, -1)),
+        "flashinfer softmax + chain_speculative_sampling": lambda: chain(
+            torch.softmax(logits, -1).view(requests, positions + 1, -1)
+        ),
     }
     working = {}
     for name, run in cases.items():
         try:
             run()
             working[name] = run
-        except Exception as error:  # noqa: BLE001 - an API this version lacks: report, do not time
+        except Exception as error:
             print(f"{name}: skipped ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
     return working, None
 
 
-def _tree_verifier(batch: Batch, draft_tokens: torch.Tensor, parents: torch.Tensor, validate: bool) -> Callable[[], object]:
+def _tree_verifier(
+    batch: Batch, draft_tokens: torch.Tensor, parents: torch.Tensor, validate: bool
+) -> Callable[[], object]:
     """Argmax-mode tree verification of a Batch made with K = N positions."""
     return lambda: tree_acceptance_sampler(
-        draft_tokens, parents, batch.target_logits, batch.temperature, batch.top_k, batch.top_p, batch.seed,
+        draft_tokens,
+        parents,
+        batch.target_logits,
+        batch.temperature,
+        batch.top_k,
+        batch.top_p,
+        batch.seed,
         validate=validate,
     )
 
@@ -171,12 +205,18 @@ def _max_verifier(batch: Batch) -> Callable[[], object] | None:
     except ImportError:
         return None
     return lambda: sampling.stochastic_acceptance_sampler(
-        batch.draft_tokens, batch.target_logits, batch.temperature, batch.top_k, -1, batch.top_p,
-        float(batch.top_p.min()), batch.seed,
+        batch.draft_tokens,
+        batch.target_logits,
+        batch.temperature,
+        batch.top_k,
+        -1,
+        batch.top_p,
+        float(batch.top_p.min()),
+        batch.seed,
     )
 
 
-def time_case(run: Callable[[], object], repeats: int, device: torch.device = torch.device("cpu")) -> list[float]:
+def time_case(run: Callable[[], object], repeats: int, device: torch.device = CPU) -> list[float]:
     """Wall-clock seconds of each of `repeats` calls, after one warm-up call (on a GPU: from a synchronised
     start to the synchronised end of the call's work)."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -205,7 +245,7 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def peak_extra_bytes(run: Callable[[], object], device: torch.device = torch.device("cpu")) -> int:
+def peak_extra_bytes(run: Callable[[], object], device: torch.device = CPU) -> int:
     """Peak bytes allocated during one call beyond what was allocated before it (CPU: via the profiler;
     CUDA: the caching allocator's statistics).
 
@@ -232,9 +272,7 @@ def peak_extra_bytes(run: Callable[[], object], device: torch.device = torch.dev
         worker.join()
     prof = result[0]
     # an op's memory includes what the ops it calls allocate: count each allocation once, at its own op
-    events = sorted(
-        (e for e in prof.events() if e.self_cpu_memory_usage != 0), key=lambda e: e.time_range.start
-    )
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage != 0), key=lambda e: e.time_range.start)
     level = peak = 0
     for event in events:
         level += event.self_cpu_memory_usage
@@ -263,8 +301,15 @@ def _on(batch: Batch, device: torch.device) -> Batch:
     return Batch(**{name: value.to(device) for name, value in vars(batch).items()})
 
 
-def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtype, modes: list[str], repeats: int,
-                  device: torch.device = torch.device("cpu")) -> dict:
+def run_benchmark(
+    batch_size: int,
+    positions: int,
+    vocab: int,
+    dtype: torch.dtype,
+    modes: list[str],
+    repeats: int,
+    device: torch.device = CPU,
+) -> dict:
     """Time every case side by side; returns the results as a dict (also printed as a table)."""
     batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
@@ -295,11 +340,18 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
         nodes = TREE_WIDTH * positions
         wide = _on(make_batch(batch_size, nodes, vocab, dtype, seed=1), device)
         draft_tokens, parents = make_tree(wide, positions)
-        _, path_length, _ = tree_acceptance_sampler(draft_tokens, parents, wide.target_logits, wide.temperature,
-                                                    wide.top_k, wide.top_p, wide.seed)  # fmt: skip
-        tree = {"tree_nodes": nodes, "tree_depth": positions, "tree_mean_path_length": float(path_length.float().mean())}
+        _, path_length, _ = tree_acceptance_sampler(
+            draft_tokens, parents, wide.target_logits, wide.temperature, wide.top_k, wide.top_p, wide.seed
+        )
+        tree = {
+            "tree_nodes": nodes,
+            "tree_depth": positions,
+            "tree_mean_path_length": float(path_length.float().mean()),
+        }
         for validate in (False, True):
-            cases[f"tree N={nodes} depth {positions}, validate={validate}"] = _tree_verifier(wide, draft_tokens, parents, validate)
+            cases[f"tree N={nodes} depth {positions}, validate={validate}"] = _tree_verifier(
+                wide, draft_tokens, parents, validate
+            )
             cases[f"chain K={nodes}, validate={validate}"] = _verifier(wide, "argmax", validate)
     max_run = _max_verifier(batch) if device.type == "cpu" else None
     if max_run is not None:
@@ -311,11 +363,21 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
     softmax = statistics.median(times["torch.softmax"])
     logits_bytes = logits.numel() * logits.element_size()
     results = {
-        "config": {"B": batch_size, "K": positions, "V": vocab, "dtype": str(dtype).replace("torch.", ""),
-                   "repeats": repeats, "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
-                   "device": str(device), "torch": torch.__version__, **backend,
-                   **({"device_name": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}),
-                   **({"flashinfer": flashinfer_missing} if flashinfer_missing and device.type == "cuda" else {}), **tree},
+        "config": {
+            "B": batch_size,
+            "K": positions,
+            "V": vocab,
+            "dtype": str(dtype).replace("torch.", ""),
+            "repeats": repeats,
+            "threads": torch.get_num_threads(),
+            "load_average": os.getloadavg()[0],
+            "device": str(device),
+            "torch": torch.__version__,
+            **backend,
+            **({"device_name": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}),
+            **({"flashinfer": flashinfer_missing} if flashinfer_missing and device.type == "cuda" else {}),
+            **tree,
+        },
         "cases": {},
     }
     for name, seconds in times.items():
@@ -334,19 +396,27 @@ def run_benchmark(batch_size: int, positions: int, vocab: int, dtype: torch.dtyp
 def print_table(results: dict) -> None:
     config = results["config"]
     where = config.get("device_name", f"{config['threads']} threads")
-    print(f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']} on {config['device']} ({where}), "
-          f"{config['repeats']} repeats, load average {config['load_average']:.2f}")
+    print(
+        f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']} on {config['device']} ({where}), "
+        f"{config['repeats']} repeats, load average {config['load_average']:.2f}"
+    )
     print(f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
     if "flashinfer" in config:
         print(f"FlashInfer: not timed: {config['flashinfer']}")
     if "tree_nodes" in config:
-        print(f"tree: {config['tree_nodes']} nodes, depth {config['tree_depth']}, mean accepted path "
-              f"{config['tree_mean_path_length']:.2f} (argmax mode, logits of {config['tree_nodes'] + 1} rows per request)")
-    print(f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}")
+        print(
+            f"tree: {config['tree_nodes']} nodes, depth {config['tree_depth']}, mean accepted path "
+            f"{config['tree_mean_path_length']:.2f} (argmax mode, logits of {config['tree_nodes'] + 1} rows per request)"
+        )
+    print(
+        f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}"
+    )
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
-        print(f"{name:48s} {entry['min_ms']:9.3f} {entry['median_ms']:10.3f} {entry['x_read_floor']:8.1f} "
-              f"{entry['x_softmax']:10.2f} {memory:>18s}")
+        print(
+            f"{name:48s} {entry['min_ms']:9.3f} {entry['median_ms']:10.3f} {entry['x_read_floor']:8.1f} "
+            f"{entry['x_softmax']:10.2f} {memory:>18s}"
+        )
 
 
 #: The cases --modes may name.
@@ -364,9 +434,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafts", "-K", type=int, default=4, help="draft positions K (default 4)")
     parser.add_argument("--vocab", "-V", type=int, default=128256, help="vocabulary V (default 128256)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated cases among {', '.join(MODES)} (default all); tree: an argmax-mode "
-                             "tree of 4K nodes and depth K beside the chain of K = 4K")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated cases among {', '.join(MODES)} (default all); tree: an argmax-mode "
+        "tree of 4K nodes and depth K beside the chain of K = 4K",
+    )
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="where the logits live: cpu (default) or cuda (cuda:N)")
@@ -414,11 +487,16 @@ def run_bench_command(args: argparse.Namespace) -> int:
         device = torch.device(args.device)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
-        print(f"specverify bench: error: --device {args.device!r} is not usable here ({str(error).splitlines()[0]})", file=sys.stderr)
+        print(
+            f"specverify bench: error: --device {args.device!r} is not usable here ({str(error).splitlines()[0]})",
+            file=sys.stderr,
+        )
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = run_benchmark(args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats, device)
+    results = run_benchmark(
+        args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats, device
+    )
     print_table(results)
     print(json.dumps(results))
     return 0

@@ -50,7 +50,10 @@ def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
         *allowed.shape[:-1], num_words(vocab_size) * BITS_PER_WORD, dtype=torch.int64, device=allowed.device
     )
     padded[..., :vocab_size] = allowed
-    words = padded.reshape(*allowed.shape[:-1], num_words(vocab_size), BITS_PER_WORD) << _bit_positions(allowed.device).long()
+    words = (
+        padded.reshape(*allowed.shape[:-1], num_words(vocab_size), BITS_PER_WORD)
+        << _bit_positions(allowed.device).long()
+    )
     packed = words.sum(-1)  # bits are disjoint, so the sum is the bitwise or; fits in 32 bits
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
 

@@ -43,7 +43,9 @@ def block_sums(weights: torch.Tensor) -> torch.Tensor:
     return sums.to(torch.float64)
 
 
-def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
+def sample_from_weights(
+    weights: torch.Tensor, uniforms: torch.Tensor, sums: torch.Tensor | None = None
+) -> torch.Tensor:
     """Draw token i with probability weights[i] / sum(weights), using the given uniform for each row.
 
     weights: float [N, V], >= 0 (need not be normalised); uniforms: float64 [N] in [0, 1);

@@ -8,7 +8,7 @@ Nothing here writes to its inputs.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -44,9 +44,7 @@ def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.dev
     """Every given tensor must live on `device` (the device of the argument `anchor`)."""
     for name, tensor in tensors.items():
         if isinstance(tensor, torch.Tensor) and tensor.device != device:
-            raise ValueError(
-                f"{name} must be on the same device as {anchor} ({device}) (got {tensor.device})"
-            )
+            raise ValueError(f"{name} must be on the same device as {anchor} ({device}) (got {tensor.device})")
 
 
 def check_logits_3d(target_logits: object, batch: int, count: int, positions: str = "K") -> torch.Tensor:
@@ -65,9 +63,16 @@ def check_logits_3d(target_logits: object, batch: int, count: int, positions: st
 
 
 def check_masks_and_draft_probs(
-    token_bitmasks: object, draft_proposal: str, draft_probs: object, probs_name: str, batch: int, count: int,
-    vocab: int, words: int, positions: str = "K",
-) -> None:  # fmt: skip
+    token_bitmasks: object,
+    draft_proposal: str,
+    draft_probs: object,
+    probs_name: str,
+    batch: int,
+    count: int,
+    vocab: int,
+    words: int,
+    positions: str = "K",
+) -> None:
     """Metadata of token_bitmasks (int32 [B, P+1, words] or None) and of the draft distributions, named
     `probs_name` (float [B, P, V]: required when draft_proposal is "sampled", an error when "argmax").
     P = count, named `positions` in messages (K for a chain, N for a tree)."""
@@ -142,9 +147,12 @@ def host_values(*params: torch.Tensor | None) -> tuple[list | None, ...] | None:
 
 
 def check_sampling_values(
-    temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
     host: tuple[list, list, list, list | None] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """The value rules of the per-row sampling parameters (value checks), in the order of ROW_RULES.
 
     host: the same parameters as lists (`host_values`), checked in Python instead of by torch ops."""
@@ -166,7 +174,12 @@ def check_draft_ids(
     """Ids in [-1, V) (value check). draft_tokens: int [B, K] (a tree's [B, N]: second="node").
     values: draft_tokens read to the host (`tolist()`), checked in Python instead of by torch ops."""
     if values is not None:
-        bad = [(row, position) for row, ids in enumerate(values) for position, i in enumerate(ids) if not -1 <= i < vocab_size]
+        bad = [
+            (row, position)
+            for row, ids in enumerate(values)
+            for position, i in enumerate(ids)
+            if not -1 <= i < vocab_size
+        ]
         if bad:
             _raise_draft_id(vocab_size, values[bad[0][0]][bad[0][1]], *bad[0], second)
         return
@@ -181,7 +194,7 @@ def _raise_draft_id(vocab_size: int, value: int, row: int, position: int, second
 
 
 def _where(index: list[int], second: str = "position") -> str:
-    """"row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V]); `second`
+    """ "row r, position j, token v" for an index into [B, P, V] ("row r, token v" for [N, V]); `second`
     names the middle dim (a tree's logits have an "index" there, its draft_probs a "node")."""
     names = ("row", second, "token") if len(index) == 3 else ("row", "token")
     return ", ".join(f"{name} {i}" for name, i in zip(names, index))
@@ -225,9 +238,13 @@ HOST_FLAGS = 4096
 
 
 def check_finite_logits(
-    name: str, logits: torch.Tensor, some_finite: bool = False, *, in_use: torch.Tensor | None = None,
+    name: str,
+    logits: torch.Tensor,
+    some_finite: bool = False,
+    *,
+    in_use: torch.Tensor | None = None,
     second: str = "position",
-) -> None:  # fmt: skip
+) -> None:
     """No NaN and no +inf; -inf is allowed (value check). logits: float [B, P, V] or [N, V].
     some_finite: also require a finite logit at every (row, position), as check_some_allowed does.
     in_use: bool [B, P] or None: only those (row, position) pairs are checked (None: every one).
@@ -270,9 +287,12 @@ def _check_not_empty(name: str, empty: torch.Tensor, second: str = "position") -
 
 
 def check_draft_probs(
-    draft_probs: torch.Tensor, *, name: str = "draft_probs_full", in_use: torch.Tensor | None = None,
+    draft_probs: torch.Tensor,
+    *,
+    name: str = "draft_probs_full",
+    in_use: torch.Tensor | None = None,
     second: str = "position",
-) -> None:  # fmt: skip
+) -> None:
     """Finite, >= 0, each row summing to 1 within 1e-3 or all zero (value check). draft_probs: [B, K, V].
     name: the argument to blame; in_use: bool [B, K] or None, the rows checked (None: all); second: the
     name of the middle dim in messages.
@@ -309,7 +329,11 @@ def check_row_param(
     dtype = torch.int64 if integer else torch.float32
     kind = "an int" if integer else "a float"
     if isinstance(value, torch.Tensor):
-        ok = not value.dtype.is_floating_point and value.dtype != torch.bool if integer else value.dtype.is_floating_point
+        ok = (
+            not value.dtype.is_floating_point and value.dtype != torch.bool
+            if integer
+            else value.dtype.is_floating_point
+        )
         if not ok:
             raise TypeError(f"{name} must be {kind} tensor of shape {layout} (got dtype {value.dtype})")
         if value.dim() == 0:
@@ -366,9 +390,15 @@ def check_tree_parents(parents: torch.Tensor, present: torch.Tensor) -> None:
     nodes = torch.arange(parents.shape[-1], device=parents.device)
     checked = present & (parents != -1)
     for bad, rule in (
-        (checked & ((parents < 0) | (parents >= nodes)), "-1 (the root) or the index of an earlier node, in [-1, i) for node i"),
-        (checked & ~present.gather(-1, parents.clamp(0, max(parents.shape[-1] - 1, 0))), "a present node (not padding)"),
-    ):  # fmt: skip
+        (
+            checked & ((parents < 0) | (parents >= nodes)),
+            "-1 (the root) or the index of an earlier node, in [-1, i) for node i",
+        ),
+        (
+            checked & ~present.gather(-1, parents.clamp(0, max(parents.shape[-1] - 1, 0))),
+            "a present node (not padding)",
+        ),
+    ):
         if bool(bad.any()):
             row, node = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"parents must be {rule} (got {int(parents[row, node])} at row {row}, node {node})")

@@ -39,7 +39,9 @@ def committed_tokens(
     out_of_range = (first_rejected_idx < 0) | (first_rejected_idx > positions)
     if bool(out_of_range.any()):
         row = int(out_of_range.nonzero()[0, 0])
-        raise ValueError(f"first_rejected_idx must be in [0, K = {positions}] (got {int(first_rejected_idx[row])} at row {row})")
+        raise ValueError(
+            f"first_rejected_idx must be in [0, K = {positions}] (got {int(first_rejected_idx[row])} at row {row})"
+        )
     candidates = torch.cat([recovered_tokens, bonus_tokens], dim=1).to(torch.int64)
     num_committed = first_rejected_idx.to(torch.int64) + 1
     positions = torch.arange(positions + 1, device=candidates.device)
@@ -64,7 +66,11 @@ def tree_committed_tokens(
         ("next_token", next_token, "[B]"),
     )
     batch, nodes = draft_tokens.shape
-    if tuple(path.shape) != (batch, nodes) or tuple(path_length.shape) != (batch,) or tuple(next_token.shape) != (batch,):
+    if (
+        tuple(path.shape) != (batch, nodes)
+        or tuple(path_length.shape) != (batch,)
+        or tuple(next_token.shape) != (batch,)
+    ):
         raise ValueError(
             f"path must be [B, N] = {[batch, nodes]}, path_length and next_token [B] = [{batch}] "
             f"(got {list(path.shape)}, {list(path_length.shape)} and {list(next_token.shape)})"
@@ -78,7 +84,9 @@ def tree_committed_tokens(
     bad = on_path & ((path < 0) | (path >= nodes))
     if bool(bad.any()):
         row, depth = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"path must hold node indices in [0, {nodes}) before path_length (got {int(path[row, depth])} at row {row}, depth {depth})")
+        raise ValueError(
+            f"path must hold node indices in [0, {nodes}) before path_length (got {int(path[row, depth])} at row {row}, depth {depth})"
+        )
     nodes_on_path = draft_tokens.to(torch.int64).gather(1, torch.where(on_path, path.to(torch.int64), 0))
     tokens = torch.full((batch, nodes + 1), PAD, dtype=torch.int64, device=draft_tokens.device)
     tokens[:, :nodes] = torch.where(on_path, nodes_on_path, PAD)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import checks
-from .rng import STREAM_ACCEPT, keyed_uniform, per_row_seeds, row_keys
 from .contract import DRAFT_PROPOSALS
+from .rng import STREAM_ACCEPT, keyed_uniform, per_row_seeds, row_keys
 from .sampler import stochastic_acceptance_sampler
 
 
@@ -70,11 +70,15 @@ def synthetic_acceptance_sampler(
     steps = checks.check_int("num_draft_steps", num_draft_steps, minimum=0)
     checks.check_tensor("draft_tokens", draft_tokens, checks.INDEX_DTYPES, "an int32 or int64 tensor [B, K]")
     if draft_tokens.dim() != 2 or draft_tokens.shape[1] != steps:
-        raise ValueError(f"num_draft_steps must equal K = draft_tokens.shape[1] (got {steps} for shape {list(draft_tokens.shape)})")
+        raise ValueError(
+            f"num_draft_steps must equal K = draft_tokens.shape[1] (got {steps} for shape {list(draft_tokens.shape)})"
+        )
     allowed = {"temperature", "top_k", "max_k", "top_p", "min_top_p", "token_bitmasks", "min_p", "validate"}
     unknown = sorted(set(sampling) - allowed)
     if unknown:
-        raise TypeError(f"synthetic_acceptance_sampler got unknown sampling arguments {unknown} (allowed: {sorted(allowed)})")
+        raise TypeError(
+            f"synthetic_acceptance_sampler got unknown sampling arguments {unknown} (allowed: {sorted(allowed)})"
+        )
     params = {"temperature": 0.0, "top_k": -1, "max_k": None, "top_p": 1.0, "min_top_p": None, **sampling}
     _, target_sample, bonus = stochastic_acceptance_sampler(
         torch.full_like(draft_tokens, -1),
@@ -148,7 +152,7 @@ class AcceptanceSampler:
 
     @property
     def mode(self) -> str:
-        """"synthetic", "stochastic" or "greedy": the verifier this configuration calls."""
+        """ "synthetic", "stochastic" or "greedy": the verifier this configuration calls."""
         if self.base_acceptance_rate is not None:
             return "synthetic"
         return "stochastic" if self.use_stochastic else "greedy"
@@ -175,8 +179,15 @@ class AcceptanceSampler:
         top_k = -1 if top_k is None else top_k
         top_p = 1.0 if top_p is None else top_p
         if self.mode == "synthetic":
-            sampling = {"temperature": 0.0 if temperature is None else temperature, "top_k": top_k, "max_k": max_k,
-                        "top_p": top_p, "min_top_p": min_top_p, "token_bitmasks": token_bitmasks, "min_p": min_p}
+            sampling = {
+                "temperature": 0.0 if temperature is None else temperature,
+                "top_k": top_k,
+                "max_k": max_k,
+                "top_p": top_p,
+                "min_top_p": min_top_p,
+                "token_bitmasks": token_bitmasks,
+                "min_p": min_p,
+            }
             return synthetic_acceptance_sampler(
                 draft_tokens, target_logits, self.base_acceptance_rate, self.num_draft_steps, seed, **sampling
             )

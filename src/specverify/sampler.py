@@ -18,12 +18,24 @@ from .bitmask import apply_bitmask, num_words
 from .categorical import sample_from_weights
 from .contract import DRAFT_PROPOSALS
 from .rng import (
-    HOST_KEYS, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, keyed_uniform_read, per_row_seeds,
-    row_keys, seed_tensor,
+    HOST_KEYS,
+    STREAM_ACCEPT,
+    STREAM_RESIDUAL,
+    STREAM_TARGET,
+    keyed_uniform,
+    keyed_uniform_read,
+    per_row_seeds,
+    row_keys,
+    seed_tensor,
 )
 from .truncation import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
 from .verdicts import (
-    argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, sampled_verdict, whole_call_verdicts,
+    argmax_verdict,
+    first_rejections_read,
+    greedy_verdict,
+    relaxed_verdict,
+    sampled_verdict,
+    whole_call_verdicts,
 )
 
 
@@ -50,7 +62,9 @@ def _hint(name: str, value: object, validate: bool, kind: type) -> int | float |
             return None
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise TypeError(f"{name} must be {'an int' if kind is int else 'a float'}, a 0-d tensor or None (got {type(value).__name__})")
+        raise TypeError(
+            f"{name} must be {'an int' if kind is int else 'a float'}, a 0-d tensor or None (got {type(value).__name__})"
+        )
     return value
 
 
@@ -68,7 +82,9 @@ def _check_max_k(max_k: int | None, top_k: list[int] | None, vocab: int, validat
         unlimited = [row for row, k in enumerate(top_k) if k <= 0]
         if unlimited:
             row = unlimited[0]
-            raise ValueError(f"max_k must be -1 when a row has no top-k limit (row {row} has top_k {top_k[row]}) (got {max_k})")
+            raise ValueError(
+                f"max_k must be -1 when a row has no top-k limit (row {row} has top_k {top_k[row]}) (got {max_k})"
+            )
         largest = max(top_k, default=0)
         if max_k < largest:
             raise ValueError(f"max_k must be -1 or >= the largest top_k ({largest}) (got {max_k})")
@@ -166,7 +182,9 @@ def stochastic_acceptance_sampler(
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
     if vocab_size is not None and checks.check_int("vocab_size", vocab_size) != vocab:
         raise ValueError(f"vocab_size must equal the logits' V = {vocab} (got {vocab_size})")
-    temperature, top_k, top_p, min_p = checks.check_sampling_params(temperature, top_k, top_p, min_p, batch, device, "[B]")
+    temperature, top_k, top_p, min_p = checks.check_sampling_params(
+        temperature, top_k, top_p, min_p, batch, device, "[B]"
+    )
     seed, shared_seed = checks.check_seed(seed, batch, device)
     in_thinking_phase, relaxed_topk, relaxed_delta = _check_relaxed(
         in_thinking_phase, relaxed_topk, relaxed_delta, draft_proposal, batch, device
@@ -187,9 +205,11 @@ def stochastic_acceptance_sampler(
 
     # a small argmax-mode call on the CPU that checks values is judged on the host (_verify_read)
     on_host = (
-        host is not None and in_thinking_phase is None and draft_proposal == "argmax"
+        host is not None
+        and in_thinking_phase is None
+        and draft_proposal == "argmax"
         and batch * (positions + 1) <= HOST_KEYS
-    )  # fmt: skip
+    )
     draft_values = draft_tokens.tolist() if on_host else None
     masked = None
     if validate:
@@ -204,8 +224,19 @@ def stochastic_acceptance_sampler(
             checks.check_some_allowed("token_bitmasks", masked)
     if kernels.backend_for(logits).runs_whole_calls:
         return whole_call_verdicts(
-            draft_tokens, logits, token_bitmasks, temperature, top_k, top_p, min_p, seed_tensor(seed, device), shared_seed,
-            in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
+            draft_tokens,
+            logits,
+            token_bitmasks,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed_tensor(seed, device),
+            shared_seed,
+            in_thinking_phase,
+            relaxed_topk,
+            relaxed_delta,
+            draft_probs_full,
         )
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
@@ -228,8 +259,18 @@ def stochastic_acceptance_sampler(
 
     draft = _draft_or_padding(draft_tokens, vocab) if positions else draft_tokens.to(torch.int64)
     first, recovered, bonus = _verify(
-        draft, masked, temperature, top_k, top_p, min_p, (seed, shared_seed), plan,
-        in_thinking_phase, relaxed_topk, relaxed_delta, draft_probs_full,
+        draft,
+        masked,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        (seed, shared_seed),
+        plan,
+        in_thinking_phase,
+        relaxed_topk,
+        relaxed_delta,
+        draft_probs_full,
     )
     return first, recovered, bonus
 

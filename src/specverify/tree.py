@@ -35,7 +35,6 @@ from .truncation import is_greedy, truncated_weights
 from .verdicts import sampled_verdict
 
 
-
 def tree_acceptance_sampler(
     draft_tokens: torch.Tensor,
     parents: torch.Tensor,
@@ -92,13 +91,20 @@ def tree_acceptance_sampler(
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
     if sibling_draws not in SIBLING_DRAWS:
         raise ValueError(f'sibling_draws must be "with_replacement" or "without_replacement" (got {sibling_draws!r})')
-    temperature, top_k, top_p, min_p = checks.check_sampling_params(temperature, top_k, top_p, min_p, batch, device, "[B]")
+    temperature, top_k, top_p, min_p = checks.check_sampling_params(
+        temperature, top_k, top_p, min_p, batch, device, "[B]"
+    )
     seed, shared_seed = checks.check_seed(seed, batch, device)
     checks.check_masks_and_draft_probs(
         token_bitmasks, draft_proposal, draft_probs, "draft_probs", batch, nodes, vocab, num_words(vocab), positions="N"
     )
     checks.check_same_device(
-        {"draft_tokens": draft_tokens, "parents": parents, "token_bitmasks": token_bitmasks, "draft_probs": draft_probs},
+        {
+            "draft_tokens": draft_tokens,
+            "parents": parents,
+            "token_bitmasks": token_bitmasks,
+            "draft_probs": draft_probs,
+        },
         device,
         "target_logits",
     )
@@ -109,10 +115,18 @@ def tree_acceptance_sampler(
         masked = _check_values(draft, parents, logits, temperature, top_k, top_p, min_p, token_bitmasks, draft_probs)
     draft = torch.where((draft >= 0) & (draft < vocab), draft, -1)
     walk = _Walk(  # the checks' masked copy, when they made one, is walked as it is
-        draft, parents, logits if masked is None else masked, token_bitmasks if masked is None else None,
-        temperature, top_k, top_p, min_p,
-        per_row_seeds(seed, shared_seed, batch, device), draft_probs, sibling_draws == "without_replacement",
-    )  # fmt: skip
+        draft,
+        parents,
+        logits if masked is None else masked,
+        token_bitmasks if masked is None else None,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        per_row_seeds(seed, shared_seed, batch, device),
+        draft_probs,
+        sibling_draws == "without_replacement",
+    )
     return walk.run(validate)
 
 
@@ -134,7 +148,9 @@ def _check_values(
     present = draft >= 0
     checks.check_tree_parents(parents, present)
     in_use = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)
-    checks.check_finite_logits("target_logits", logits, some_finite=token_bitmasks is None, in_use=in_use, second="index")
+    checks.check_finite_logits(
+        "target_logits", logits, some_finite=token_bitmasks is None, in_use=in_use, second="index"
+    )
     checks.check_sampling_values(temperature, top_k, top_p, min_p)
     if token_bitmasks is not None:
         masked = apply_bitmask(logits, token_bitmasks)
@@ -154,8 +170,20 @@ class _Walk:
     (argmax mode); without_replacement: the sibling scheme.
     """
 
-    def __init__(self, draft, parents, logits, token_bitmasks, temperature, top_k, top_p, min_p, seeds,
-                 draft_probs, without_replacement):  # fmt: skip
+    def __init__(
+        self,
+        draft,
+        parents,
+        logits,
+        token_bitmasks,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seeds,
+        draft_probs,
+        without_replacement,
+    ):
         self.draft, self.parents, self.token_bitmasks = draft, parents, token_bitmasks
         self.logits = logits.reshape(-1, logits.shape[-1]).contiguous()  # [B*(N+1), V]: a view unless strided
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
@@ -221,9 +249,13 @@ class _Walk:
         return present & (parents == current[:, None]) & (nodes > current[:, None])
 
     def _step(
-        self, rows: torch.Tensor, current: torch.Tensor, depth: int | torch.Tensor, validate: bool,
+        self,
+        rows: torch.Tensor,
+        current: torch.Tensor,
+        depth: int | torch.Tensor,
+        validate: bool,
         source: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Judge the children of each row's current node. rows: int64 [R]; current: int64 [R] (-1: root);
         depth: the walk's depth there (int, or int64 [R]); source: int64 [R], the row of the [B*(N+1), V]
         logits that scores those children (b * (N+1) + current + 1), -1 for a row that has stopped (not
@@ -239,7 +271,10 @@ class _Walk:
                 logits, masks = logits[taken], masks[taken]
                 source = torch.where(source >= 0, torch.arange(source.shape[0], device=source.device), -1)
             logits = apply_bitmask(logits, masks)
-        pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
+
+        def pick(t):
+            return None if t is None else t.index_select(0, rows)
+
         weights, sums = truncated_weights(
             logits, pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p), source=source
         )
@@ -256,9 +291,17 @@ class _Walk:
         nodes = self.draft.shape[1]
         ranks = int(children.sum(-1).max()) if validate else (nodes if depth == 0 else nodes - depth)
         child, token = _sampled_step(
-            weights, sums, children, drafted, self.draft_probs, rows, keys, target_sample, ranks,
+            weights,
+            sums,
+            children,
+            drafted,
+            self.draft_probs,
+            rows,
+            keys,
+            target_sample,
+            ranks,
             self.without_replacement,
-        )  # fmt: skip
+        )
         greedy = is_greedy(pick(self.temperature))  # greedy rows follow the argmax in either mode
         return torch.where(greedy, argmax_child, child), torch.where(greedy, target_sample, token)
 
@@ -310,20 +353,37 @@ def _sampled_step(
     order = torch.sort((~children).to(torch.int8), dim=-1, stable=True).indices  # children first, by index
     first = order[:, 0]
     q = draft_probs[rows, first]  # the children's q: [R, V]
-    token_of = lambda node: drafted.gather(1, node[:, None])[:, 0]  # noqa: E731
+
+    def token_of(node):
+        return drafted.gather(1, node[:, None])[:, 0]
+
     first_token = torch.where(count > 0, token_of(first), -1)
     residual_uniforms = keyed_uniform(keys, STREAM_RESIDUAL)
     accepted, recovered = sampled_verdict(
-        first_token[:, None], weights[:, None], sums[:, None], q[:, None],
-        keyed_uniform(keys, sibling_stream(0))[:, None], residual_uniforms[:, None],
-    )  # fmt: skip
+        first_token[:, None],
+        weights[:, None],
+        sums[:, None],
+        q[:, None],
+        keyed_uniform(keys, sibling_stream(0))[:, None],
+        residual_uniforms[:, None],
+    )
     child = torch.where(accepted[:, 0], first, -1)
     token = torch.where(count == 0, leaf_sample, recovered[:, 0])  # rank 0 judged, and its recovery
     if ranks >= 2:
         later_child, later_token = _later_siblings(
-            weights, sums, count, order, token_of, q, first_token, accepted[:, 0], keys, residual_uniforms,
-            ranks, without_replacement,
-        )  # fmt: skip
+            weights,
+            sums,
+            count,
+            order,
+            token_of,
+            q,
+            first_token,
+            accepted[:, 0],
+            keys,
+            residual_uniforms,
+            ranks,
+            without_replacement,
+        )
         later = count >= 2
         child = torch.where(later & (child < 0), later_child, child)
         token = torch.where(later, later_token, token)
@@ -331,9 +391,19 @@ def _sampled_step(
 
 
 def _later_siblings(
-    weights, sums, count, order, token_of, q, first_token, first_accepted, keys, residual_uniforms, ranks,
+    weights,
+    sums,
+    count,
+    order,
+    token_of,
+    q,
+    first_token,
+    first_accepted,
+    keys,
+    residual_uniforms,
+    ranks,
     without_replacement,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ranks 1.. of the sampled rule for rows whose first child was rejected.
 
     r is carried unnormalised, as a float32 row `residual` edited in place and its mass (r = residual /
@@ -350,13 +420,18 @@ def _later_siblings(
     child = torch.full_like(count, -1)
     token = torch.zeros_like(count)
     rejected, last = ~first_accepted & (count >= 1), first_token
-    column = lambda values, tokens: values.gather(1, tokens[:, None])[:, 0].double()  # noqa: E731
+
+    def column(values, tokens):
+        return values.gather(1, tokens[:, None])[:, 0].double()
+
     for rank in range(1, ranks + 1):
         # r = max(0, r - q) renormalised, or r without the token where q(token) == 0 (judged without q)
         at = last.clamp(min=0)
         blind = column(proposal, at) * scale <= 0
         residual.addcmul_(proposal, torch.where(rejected & ~blind, mass * scale, 0.0).float()[:, None], value=-1)
-        residual.clamp_(min=0).scatter_(1, at[:, None], torch.where(rejected & blind, 0.0, column(residual, at)).float()[:, None])
+        residual.clamp_(min=0).scatter_(
+            1, at[:, None], torch.where(rejected & blind, 0.0, column(residual, at)).float()[:, None]
+        )
         mass = residual.sum(-1).double()
         if without_replacement:  # q loses the token, renormalised
             left = torch.where(rejected, left - column(proposal, at), left)

@@ -145,7 +145,9 @@ def _prepare(
         raise ValueError(f"logits must have shape [N, V] with V >= 1 (got {list(logits.shape)})")
     rows, vocab = logits.shape
     device = logits.device
-    temperature, top_k, top_p, min_p = checks.check_sampling_params(temperature, top_k, top_p, min_p, rows, device, "[N]")
+    temperature, top_k, top_p, min_p = checks.check_sampling_params(
+        temperature, top_k, top_p, min_p, rows, device, "[N]"
+    )
     if token_bitmask is not None:
         checks.check_tensor("token_bitmask", token_bitmask, (torch.int32,), "an int32 tensor [N, ceil(V/32)]")
         checks.check_shape("token_bitmask", token_bitmask, (rows, num_words(vocab)), "[N, ceil(V/32)]")
@@ -182,8 +184,16 @@ def truncated_weights(
     out = _scratch(torch.Size((rows, masked_logits.shape[-1])), masked_logits.device)
     if rows and masked_logits.numel() and kernels.backend_for(masked_logits).compiled:
         sums = kernels.weigh_rows(
-            masked_logits.detach(), temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL,
-            block_size(masked_logits.shape[-1]), out, source,
+            masked_logits.detach(),
+            temperature,
+            GREEDY_TEMPERATURE,
+            top_k,
+            top_p,
+            min_p,
+            BOUNDARY_RTOL,
+            block_size(masked_logits.shape[-1]),
+            out,
+            source,
         )
         return out, sums
     x = masked_logits.detach() if source is None else masked_logits.detach().index_select(0, source.clamp(min=0))

@@ -146,9 +146,18 @@ def relaxed_verdict(
 
 
 def whole_call_verdicts(
-    draft_tokens: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
-    top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, seed: torch.Tensor, shared_seed: bool,
-    in_thinking_phase: torch.Tensor | None, relaxed_topk: int | None, relaxed_delta: float | None,
+    draft_tokens: torch.Tensor,
+    logits: torch.Tensor,
+    bitmask: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seed: torch.Tensor,
+    shared_seed: bool,
+    in_thinking_phase: torch.Tensor | None,
+    relaxed_topk: int | None,
+    relaxed_delta: float | None,
     draft_probs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every rule of SPEC §3 for every row and the first rejection, in one kernel (where
@@ -158,6 +167,19 @@ def whole_call_verdicts(
     bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: int64 [] shared or [B].
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     return kernels.verify_rows(
-        draft_tokens, logits, bitmask, temperature, top_k, top_p, min_p, seed, shared_seed, in_thinking_phase,
-        relaxed_topk, relaxed_delta, draft_probs, GREEDY_TEMPERATURE, BOUNDARY_RTOL,
+        draft_tokens,
+        logits,
+        bitmask,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+        shared_seed,
+        in_thinking_phase,
+        relaxed_topk,
+        relaxed_delta,
+        draft_probs,
+        GREEDY_TEMPERATURE,
+        BOUNDARY_RTOL,
     )

@@ -36,26 +36,40 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     from .verifier import DEFAULT_VERIFIER
 
     parser.description = parser.description or DESCRIPTION
-    parser.add_argument("--verifier", default=DEFAULT_VERIFIER, metavar="MODULE:FUNCTION",
-                        help="any callable with the stochastic_acceptance_sampler signature, as 'module:function' "
-                             f"or 'path/file.py:function' (default {DEFAULT_VERIFIER})")
-    parser.add_argument("--tree", action="store_true",
-                        help="the verifier has the tree_acceptance_sampler signature (SPEC §8): audit it on the tree "
-                             "scenarios (implied by a parameter named `parents`; alone: audits "
-                             "specverify:tree_acceptance_sampler). Without --verifier both of specverify's "
-                             "verifiers are audited, each on its scenarios")
+    parser.add_argument(
+        "--verifier",
+        default=DEFAULT_VERIFIER,
+        metavar="MODULE:FUNCTION",
+        help="any callable with the stochastic_acceptance_sampler signature, as 'module:function' "
+        f"or 'path/file.py:function' (default {DEFAULT_VERIFIER})",
+    )
+    parser.add_argument(
+        "--tree",
+        action="store_true",
+        help="the verifier has the tree_acceptance_sampler signature (SPEC §8): audit it on the tree "
+        "scenarios (implied by a parameter named `parents`; alone: audits "
+        "specverify:tree_acceptance_sampler). Without --verifier both of specverify's "
+        "verifiers are audited, each on its scenarios",
+    )
     parser.add_argument("--quick", action="store_true", help="a smaller matrix with fewer rows (under 30 s)")
     parser.add_argument("--only", metavar="TEXT", help="run only the scenarios whose name contains TEXT")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's rows (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the rows' seeds and drafts (default 0)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"chance that a correct verifier fails the audit (default {DEFAULT_ALPHA:g})")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help=f"chance that a correct verifier fails the audit (default {DEFAULT_ALPHA:g})",
+    )
     parser.add_argument("--device", default="cpu", help="where the verifier's inputs live, e.g. cuda (default cpu)")
-    parser.add_argument("--no-invariance", action="store_true",
-                        help="skip the drafter-invariance check (for verifiers not keyed as SPEC §4)")
+    parser.add_argument(
+        "--no-invariance",
+        action="store_true",
+        help="skip the drafter-invariance check (for verifiers not keyed as SPEC §4)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the full report as JSON to FILE")
     parser.add_argument("--plots", type=Path, metavar="DIR", help="write PNG figures to DIR (needs matplotlib)")
-    parser.set_defaults(run=run_audit_command)  # fmt: skip
+    parser.set_defaults(run=run_audit_command)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -94,7 +108,9 @@ def _check_writable(folder: Path, flag: str, given: Path) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        raise _Invalid(f"{flag} {str(given)!r} cannot be written ({err.strerror or err}: {err.filename or folder})") from None
+        raise _Invalid(
+            f"{flag} {str(given)!r} cannot be written ({err.strerror or err}: {err.filename or folder})"
+        ) from None
 
 
 def _audit(args: argparse.Namespace, console):
@@ -115,16 +131,30 @@ def _audit(args: argparse.Namespace, console):
     scale = args.scale * (QUICK_FRACTION if args.quick else 1.0)
     _check_memory(scenarios, scale, args.scale)
     invariance = None if args.no_invariance or verifier.tree else {"ks": (1, 4) if args.quick else (1, 3, 5)}
-    columns = (SpinnerColumn(), TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("auditing", total=None)
 
         def progress(done: int, total: int, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
 
-        return run_audit(verifier, scenarios, scale=scale, seed=args.seed, alpha=args.alpha, device=args.device,
-                         invariance=invariance, progress=progress, tree_verifier=tree_verifier)  # fmt: skip
+        return run_audit(
+            verifier,
+            scenarios,
+            scale=scale,
+            seed=args.seed,
+            alpha=args.alpha,
+            device=args.device,
+            invariance=invariance,
+            progress=progress,
+            tree_verifier=tree_verifier,
+        )
 
 
 def _check_memory(scenarios, scale: float, flag_value: float) -> None:

@@ -93,7 +93,9 @@ def greedy_position_law(masked_logits: np.ndarray, draft: int) -> tuple[float, n
     return float(draft == top), committed
 
 
-def relaxed_position_law(masked_logits: np.ndarray, draft: int, relaxed_topk: int, relaxed_delta: float) -> tuple[float, np.ndarray]:
+def relaxed_position_law(
+    masked_logits: np.ndarray, draft: int, relaxed_topk: int, relaxed_delta: float
+) -> tuple[float, np.ndarray]:
     """SPEC §3.4 (deterministic): accept iff the draft is among the relaxed_topk most likely tokens (ties
     broken by lower id) and p(d) >= p(top1) - delta, on softmax(masked logits) without temperature."""
     x = np.asarray(masked_logits, dtype=np.float64)

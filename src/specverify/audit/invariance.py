@@ -48,8 +48,14 @@ def decode_plainly(length: int, base_seed: int) -> list[list[int]]:
     last = torch.tensor([PROMPT[-1]] * REQUESTS)
     generated = []
     for n in range(length):
-        last = sv.sample(TABLE[last], TEMPERATURE, TOP_K, TOP_P, base_seeds(base_seed) + n,
-                         token_bitmask=sv.pack_bitmask(allowed_after(last)))  # fmt: skip
+        last = sv.sample(
+            TABLE[last],
+            TEMPERATURE,
+            TOP_K,
+            TOP_P,
+            base_seeds(base_seed) + n,
+            token_bitmask=sv.pack_bitmask(allowed_after(last)),
+        )
         generated.append(last.tolist())
     return [list(tokens) for tokens in zip(*generated)] if generated else [[] for _ in range(REQUESTS)]
 
@@ -109,8 +115,9 @@ def decode_speculatively(
             drafts[b, : len(proposal)] = torch.tensor(proposal, dtype=torch.int64)
         logits, masks = _step_inputs(generated, drafts)
         seeds = base_seeds(base_seed) + torch.tensor([len(g) for g in generated])
-        first, recovered, bonus = verify(drafts, logits, TEMPERATURE, TOP_K, -1, TOP_P, float(TOP_P.min()), seeds,
-                                         token_bitmasks=masks)  # fmt: skip
+        first, recovered, bonus = verify(
+            drafts, logits, TEMPERATURE, TOP_K, -1, TOP_P, float(TOP_P.min()), seeds, token_bitmasks=masks
+        )
         for b in range(REQUESTS):
             f = int(first[b])
             generated[b] += recovered[b, : f + 1].tolist() if f < k else [*recovered[b].tolist(), int(bonus[b, 0])]

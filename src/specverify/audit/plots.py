@@ -51,8 +51,7 @@ def plot_committed(result: ScenarioResult, path: Path) -> None:
         x = np.arange(len(labels))
         ax.bar(x, exact, color=EXACT_COLOR, label="exact")
         spread = np.sqrt(np.clip(exact * (1 - exact), 0, None) / max(n, 1))
-        ax.errorbar(x, observed, yerr=2 * spread, fmt="o", ms=3,
-                    color=OBSERVED_COLOR, label="observed ±2σ")  # fmt: skip
+        ax.errorbar(x, observed, yerr=2 * spread, fmt="o", ms=3, color=OBSERVED_COLOR, label="observed ±2σ")
         if not result.scenario.lossless:
             ax.plot(x, _with_rest(laws.target[j], ids, 1.0), "x", color=TARGET_COLOR, label="p~ (target)")
         ax.set_xticks(x, labels, fontsize=6, rotation=90 if len(labels) > 12 else 0)

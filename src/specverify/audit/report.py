@@ -200,24 +200,42 @@ def _number(value: float) -> float | None:
 
 
 def _fit(fit) -> dict:
-    return {"n": fit.n, "tv": fit.tv, "null_tv": fit.null_tv, "p_value": fit.p_value, "bins": fit.bins,
-            "detectable_tv": fit.detectable_tv}  # fmt: skip
+    return {
+        "n": fit.n,
+        "tv": fit.tv,
+        "null_tv": fit.null_tv,
+        "p_value": fit.p_value,
+        "bins": fit.bins,
+        "detectable_tv": fit.detectable_tv,
+    }
 
 
 def scenario_json(result: ScenarioResult) -> dict:
     s = result.scenario
     out = {
-        "name": s.name, "about": s.about, "setting": s.setting, "draft_proposal": s.draft_proposal,
-        "lossless": s.lossless, "V": s.vocab, "K": s.positions, "rows": result.rows, "verdict": result.verdict,
-        "problems": list(result.problems), "seconds": round(result.seconds, 3),
-    }  # fmt: skip
+        "name": s.name,
+        "about": s.about,
+        "setting": s.setting,
+        "draft_proposal": s.draft_proposal,
+        "lossless": s.lossless,
+        "V": s.vocab,
+        "K": s.positions,
+        "rows": result.rows,
+        "verdict": result.verdict,
+        "problems": list(result.problems),
+        "seconds": round(result.seconds, 3),
+    }
     if not result.positions:
         return out
     rate, exact_rate, reached = result.acceptance_by_position()
     observed, exact = result.accepted_per_row
     out["positions"] = [
-        {"position": p.position, **_fit(p.fit), "divergence_from_target": p.divergence,
-         "exact_divergence_from_target": p.exact_divergence}  # fmt: skip
+        {
+            "position": p.position,
+            **_fit(p.fit),
+            "divergence_from_target": p.divergence,
+            "exact_divergence_from_target": p.exact_divergence,
+        }
         for p in result.positions
     ]
     out["acceptance"] = {
@@ -238,9 +256,12 @@ def report_json(audit: AuditResult) -> dict:
     if audit.invariance is not None:
         check = audit.invariance
         invariance = {
-            "identical": check.identical, "skipped": check.skipped, "requests": check.requests,
-            "length": check.length, "runs": [vars(run) for run in check.runs],
-        }  # fmt: skip
+            "identical": check.identical,
+            "skipped": check.skipped,
+            "requests": check.requests,
+            "length": check.length,
+            "runs": [vars(run) for run in check.runs],
+        }
     return {
         "verifier": audit.verifier,
         "passed": audit.passed,

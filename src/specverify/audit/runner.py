@@ -150,7 +150,9 @@ def judge(scenario: Scenario, observation: Observation, level: float) -> Scenari
         )
     first_counts = np.bincount(observation.first, minlength=K + 1)
     acceptance = fit(first_counts, laws.first_rejection, level)
-    result = ScenarioResult(scenario, rows, "lossy", (), tuple(positions), acceptance, first_counts, observation.seconds)
+    result = ScenarioResult(
+        scenario, rows, "lossy", (), tuple(positions), acceptance, first_counts, observation.seconds
+    )
     if not scenario.lossless:
         return result
     return replace(result, verdict="pass" if result.min_p_value >= level else "FAIL")
@@ -199,7 +201,10 @@ def run_audit(
     `tree_verifier` when given, else with `verifier`. progress(done, total, label) is called before each
     step and once at the end."""
     start = time.perf_counter()
-    pick = lambda scenario: tree_verifier if tree_verifier is not None and scenario.tree else verifier  # noqa: E731
+
+    def pick(scenario):
+        return tree_verifier if tree_verifier is not None and scenario.tree else verifier
+
     tests = sum(s.positions + 2 for s in scenarios if s.lossless and not lacking_arguments(pick(s), s))
     level = bonferroni_level(alpha, tests)
     steps = len(scenarios) + (invariance is not None)

@@ -134,7 +134,10 @@ class Scenario:
         """(the eight positional arguments, the optional ones this scenario needs) of the batched call.
         drafts: int64 [N, K]; seeds: int64 [N]."""
         rows, K = drafts.shape
-        to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
+
+        def to(array, dtype):
+            return torch.as_tensor(array, dtype=dtype, device=device)
+
         logits = torch.from_numpy(self.logits).to(getattr(torch, self.dtype))
         positional = (
             to(drafts, torch.int64),
@@ -219,11 +222,13 @@ def contract_problems(
     0 <= first <= K; nothing accepted at or past a padding; accepted tokens equal the drafts; committed
     ids in [0, V). Each problem names a row."""
     rows, K = drafts.shape
-    wrong = shape_problems({
-        "first_rejected_idx": (first, (rows,)),
-        "recovered_tokens": (recovered, (rows, K)),
-        "bonus_tokens": (bonus, (rows, 1)),
-    })
+    wrong = shape_problems(
+        {
+            "first_rejected_idx": (first, (rows,)),
+            "recovered_tokens": (recovered, (rows, K)),
+            "bonus_tokens": (bonus, (rows, 1)),
+        }
+    )
     if wrong:
         return wrong
     present = (drafts >= 0).sum(1) if K else np.zeros(rows, dtype=np.int64)
@@ -233,10 +238,12 @@ def contract_problems(
     return [
         *row_problems((first < 0) | (first > K), f"first_rejected_idx outside [0, {K}]"),
         *row_problems(first > present, "a draft accepted at or after padding"),
-        *row_problems((accepted & (recovered != drafts)).any(1),
-                      "an accepted position's recovered token differs from its draft"),
-        *row_problems((reached & ((committed < 0) | (committed >= vocab))).any(1),
-                      f"a committed token outside [0, {vocab})"),
+        *row_problems(
+            (accepted & (recovered != drafts)).any(1), "an accepted position's recovered token differs from its draft"
+        ),
+        *row_problems(
+            (reached & ((committed < 0) | (committed >= vocab))).any(1), f"a committed token outside [0, {vocab})"
+        ),
     ]
 
 
@@ -393,8 +400,22 @@ def scenario(
     rng = named_rng(name)
     logits = _round_to((_llm_logits if shape == "llm" else small_logits)(rng, positions, vocab), dtype)
     allowed = grammar_mask(rng, logits, mask) if mask else None
-    base = Scenario(name, about, logits, np.zeros((positions, vocab + 1)), rows, temperature, top_k, top_p,
-                    min_p, allowed, proposal, relaxed=relaxed, dtype=dtype, quick=quick)  # fmt: skip
+    base = Scenario(
+        name,
+        about,
+        logits,
+        np.zeros((positions, vocab + 1)),
+        rows,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        allowed,
+        proposal,
+        relaxed=relaxed,
+        dtype=dtype,
+        quick=quick,
+    )
     targets = np.stack([base.target(j) for j in range(positions + 1)])
     q_law = draft_distribution(rng, q, logits, targets) if q else None
     return replace(
@@ -409,46 +430,156 @@ def scenario_matrix() -> list[Scenario]:
     llm = dict(shape="llm", vocab=LLM_VOCAB, rows=LLM_ROWS)
     return [
         # "argmax" drafts (SPEC §3.1): the committed token is a sample of p~ whatever the draft
-        scenario("argmax/plain/agree", "no truncation; each draft is its position's most likely token",
-                 drafts="agree", quick=True),
-        scenario("argmax/top-k/disagree", "each draft is the least likely token top-k keeps",
-                 drafts="disagree", positions=2, temperature=0.7, top_k=5),
-        scenario("argmax/top-p/outside", "half the drafts sit outside the nucleus",
-                 drafts="outside", temperature=1.3, top_p=0.8, quick=True),
+        scenario(
+            "argmax/plain/agree",
+            "no truncation; each draft is its position's most likely token",
+            drafts="agree",
+            quick=True,
+        ),
+        scenario(
+            "argmax/top-k/disagree",
+            "each draft is the least likely token top-k keeps",
+            drafts="disagree",
+            positions=2,
+            temperature=0.7,
+            top_k=5,
+        ),
+        scenario(
+            "argmax/top-p/outside",
+            "half the drafts sit outside the nucleus",
+            drafts="outside",
+            temperature=1.3,
+            top_p=0.8,
+            quick=True,
+        ),
         scenario("argmax/min-p", "drafts sampled from a draft model", q="model", min_p=0.15),
-        scenario("argmax/top-k+top-p", "top-p measured on the top-k-renormalised mass (SPEC §2 step 4)",
-                 q="model", top_k=4, top_p=0.55, quick=True),
-        scenario("argmax/mix+mask", "every truncation and a grammar mask; some drafts are disallowed",
-                 q="model", temperature=0.8, top_k=6, top_p=0.8, min_p=0.05, mask=0.4, quick=True),
-        scenario("argmax/greedy+mask", "greedy rows commit the masked argmax", q="model", temperature=0.0,
-                 mask=0.4, quick=True),
-        scenario("argmax/padding", "ragged drafts: a quarter end after 1 token, half the rest after 2",
-                 drafts="agree", temperature=0.9, top_p=0.9, padding=(0.0, 0.25, 0.5), quick=True),
-        scenario("argmax/bfloat16", "bfloat16 target logits", q="model", temperature=0.8, top_k=8,
-                 dtype="bfloat16"),
-        scenario("argmax/llm", "LLM-shaped: a few heavy tokens and a long tail; drafts from a draft model",
-                 q="model", top_p=0.93, quick=True, **llm),
+        scenario(
+            "argmax/top-k+top-p",
+            "top-p measured on the top-k-renormalised mass (SPEC §2 step 4)",
+            q="model",
+            top_k=4,
+            top_p=0.55,
+            quick=True,
+        ),
+        scenario(
+            "argmax/mix+mask",
+            "every truncation and a grammar mask; some drafts are disallowed",
+            q="model",
+            temperature=0.8,
+            top_k=6,
+            top_p=0.8,
+            min_p=0.05,
+            mask=0.4,
+            quick=True,
+        ),
+        scenario(
+            "argmax/greedy+mask",
+            "greedy rows commit the masked argmax",
+            q="model",
+            temperature=0.0,
+            mask=0.4,
+            quick=True,
+        ),
+        scenario(
+            "argmax/padding",
+            "ragged drafts: a quarter end after 1 token, half the rest after 2",
+            drafts="agree",
+            temperature=0.9,
+            top_p=0.9,
+            padding=(0.0, 0.25, 0.5),
+            quick=True,
+        ),
+        scenario("argmax/bfloat16", "bfloat16 target logits", q="model", temperature=0.8, top_k=8, dtype="bfloat16"),
+        scenario(
+            "argmax/llm",
+            "LLM-shaped: a few heavy tokens and a long tail; drafts from a draft model",
+            q="model",
+            top_p=0.93,
+            quick=True,
+            **llm,
+        ),
         # "sampled" drafts (SPEC §3.2): accept with min(1, p~/q), else sample the residual
         scenario("sampled/close", "q close to p~", q="close", proposal="sampled", top_p=0.9, quick=True),
-        scenario("sampled/disagree", "q far from p~", q="disagree", proposal="sampled", temperature=1.2,
-                 top_k=6, top_p=0.8, quick=True),
-        scenario("sampled/outside", "q puts 80% of its mass outside the nucleus", q="outside",
-                 proposal="sampled", top_p=0.7),
-        scenario("sampled/no-distribution", "q all zero: judged without a distribution; drafts uniform",
-                 q="zero", proposal="sampled", top_k=8, quick=True),
-        scenario("sampled/fixed-draft", "each draft is p~'s top, a token q cannot sample (q(d) = 0)",
-                 drafts="agree", q="avoid-top", proposal="sampled", temperature=0.9),
-        scenario("sampled/mix+mask+padding", "truncations, a grammar mask and ragged drafts", q="model",
-                 proposal="sampled", temperature=0.9, top_k=7, min_p=0.05, mask=0.3, padding=(0.0, 0.2, 0.4)),
-        scenario("sampled/greedy", "greedy rows ignore q and commit the argmax", q="close",
-                 proposal="sampled", temperature=0.0),
-        scenario("sampled/llm", "LLM-shaped target, q from a draft model over the whole vocabulary",
-                 q="model", proposal="sampled", positions=2, top_k=50, min_p=0.01, quick=True, **llm),
+        scenario(
+            "sampled/disagree",
+            "q far from p~",
+            q="disagree",
+            proposal="sampled",
+            temperature=1.2,
+            top_k=6,
+            top_p=0.8,
+            quick=True,
+        ),
+        scenario(
+            "sampled/outside", "q puts 80% of its mass outside the nucleus", q="outside", proposal="sampled", top_p=0.7
+        ),
+        scenario(
+            "sampled/no-distribution",
+            "q all zero: judged without a distribution; drafts uniform",
+            q="zero",
+            proposal="sampled",
+            top_k=8,
+            quick=True,
+        ),
+        scenario(
+            "sampled/fixed-draft",
+            "each draft is p~'s top, a token q cannot sample (q(d) = 0)",
+            drafts="agree",
+            q="avoid-top",
+            proposal="sampled",
+            temperature=0.9,
+        ),
+        scenario(
+            "sampled/mix+mask+padding",
+            "truncations, a grammar mask and ragged drafts",
+            q="model",
+            proposal="sampled",
+            temperature=0.9,
+            top_k=7,
+            min_p=0.05,
+            mask=0.3,
+            padding=(0.0, 0.2, 0.4),
+        ),
+        scenario(
+            "sampled/greedy",
+            "greedy rows ignore q and commit the argmax",
+            q="close",
+            proposal="sampled",
+            temperature=0.0,
+        ),
+        scenario(
+            "sampled/llm",
+            "LLM-shaped target, q from a draft model over the whole vocabulary",
+            q="model",
+            proposal="sampled",
+            positions=2,
+            top_k=50,
+            min_p=0.01,
+            quick=True,
+            **llm,
+        ),
         # relaxed thinking rows (SPEC §3.4): lossy by design, the divergence is measured
-        scenario("relaxed/top-3", "accept any draft among the 3 most likely within 0.3 of the top",
-                 q="model", relaxed=(3, 0.3), quick=True),
-        scenario("relaxed/mask", "relaxed acceptance under a grammar mask", q="model", temperature=0.7,
-                 mask=0.3, relaxed=(2, 0.5)),
-        scenario("relaxed/llm", "relaxed acceptance on an LLM-shaped target", q="model", top_p=0.92,
-                 relaxed=(5, 0.2), **dict(llm, rows=4_000)),
-    ]  # fmt: skip
+        scenario(
+            "relaxed/top-3",
+            "accept any draft among the 3 most likely within 0.3 of the top",
+            q="model",
+            relaxed=(3, 0.3),
+            quick=True,
+        ),
+        scenario(
+            "relaxed/mask",
+            "relaxed acceptance under a grammar mask",
+            q="model",
+            temperature=0.7,
+            mask=0.3,
+            relaxed=(2, 0.5),
+        ),
+        scenario(
+            "relaxed/llm",
+            "relaxed acceptance on an LLM-shaped target",
+            q="model",
+            top_p=0.92,
+            relaxed=(5, 0.2),
+            **dict(llm, rows=4_000),
+        ),
+    ]

@@ -110,7 +110,10 @@ def detectable_tv(n: int, bins: int, level: float) -> float:
         return float(1 - (1 - POWER) ** (1 / n))
     dof = bins - 1
     critical = stats.chi2.isf(level, dof)
-    shortfall = lambda noncentrality: stats.ncx2.sf(critical, dof, noncentrality) - POWER  # noqa: E731
+
+    def shortfall(noncentrality):
+        return stats.ncx2.sf(critical, dof, noncentrality) - POWER
+
     high = 1.0
     while shortfall(high) < 0:
         high *= 2

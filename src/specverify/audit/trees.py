@@ -121,7 +121,10 @@ class TreeScenario:
         """(the seven positional arguments, the optional ones this scenario needs) of the batched call.
         drafts: int64 [rows, N]; seeds: int64 [rows]."""
         rows, nodes = drafts.shape
-        to = lambda array, dtype: torch.as_tensor(array, dtype=dtype, device=device)  # noqa: E731
+
+        def to(array, dtype):
+            return torch.as_tensor(array, dtype=dtype, device=device)
+
         positional = (
             to(drafts, torch.int64),
             to(np.tile(self.parents, (rows, 1)), torch.int64),
@@ -139,8 +142,11 @@ class TreeScenario:
             optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
         if self.draft_proposal == "sampled":
             q = torch.as_tensor(self.draft_law[self.parents + 1], dtype=torch.float32, device=device)
-            optional.update(draft_proposal="sampled", draft_probs=q[None].expand(rows, *q.shape).contiguous(),
-                            sibling_draws=self.draws)  # fmt: skip
+            optional.update(
+                draft_proposal="sampled",
+                draft_probs=q[None].expand(rows, *q.shape).contiguous(),
+                sibling_draws=self.draws,
+            )
         return positional, optional
 
     def observe(self, verifier: Verifier, rows: int, seed: int, device: str = "cpu") -> Observation:
@@ -194,8 +200,9 @@ def tree_contract_problems(
     shapes; 0 <= length <= N; the path descends from the root through children; PAD after it; next_token
     in [0, V). Each problem names a row."""
     rows, nodes = drafts.shape
-    wrong = shape_problems({"path": (path, (rows, nodes)), "path_length": (length, (rows,)),
-                            "next_token": (token, (rows,))})  # fmt: skip
+    wrong = shape_problems(
+        {"path": (path, (rows, nodes)), "path_length": (length, (rows,)), "next_token": (token, (rows,))}
+    )
     if wrong:
         return wrong
     on_path = np.arange(nodes)[None, :] < length[:, None]
@@ -205,8 +212,9 @@ def tree_contract_problems(
     return [
         *row_problems((length < 0) | (length > nodes), f"path_length outside [0, {nodes}]"),
         *row_problems((~on_path & (path != PAD)).any(1), "path not -1 after path_length"),
-        *row_problems((on_path & (~inside | (parents[node] != expected_parent))).any(1),
-                      "a path that is not a walk down the tree"),
+        *row_problems(
+            (on_path & (~inside | (parents[node] != expected_parent))).any(1), "a path that is not a walk down the tree"
+        ),
         *row_problems((token < 0) | (token >= vocab), f"next_token outside [0, {vocab})"),
     ]
 
@@ -217,7 +225,9 @@ def check_tree_well_posed(scenario: TreeScenario) -> None:
     if scenario.draws == "without_replacement":
         for parent, siblings in scenario.groups:
             if np.count_nonzero(scenario.draft_law[parent + 1]) < siblings:
-                raise ValueError(f"scenario {scenario.name}: index {parent + 1} cannot draw {siblings} distinct siblings")
+                raise ValueError(
+                    f"scenario {scenario.name}: index {parent + 1} cannot draw {siblings} distinct siblings"
+                )
     check_kept_sets_stable(scenario, where="index")
 
 
@@ -243,11 +253,28 @@ def tree_scenario(
     nodes = sum(siblings for _, siblings in groups)
     logits = small_logits(rng, nodes, vocab)
     allowed = grammar_mask(rng, logits, mask) if mask else None
-    base = TreeScenario(name, about, logits, tuple(groups), np.zeros((nodes + 1, vocab)), rows, draws, temperature,
-                        top_k, top_p, min_p, allowed, proposal, quick)  # fmt: skip
+    base = TreeScenario(
+        name,
+        about,
+        logits,
+        tuple(groups),
+        np.zeros((nodes + 1, vocab)),
+        rows,
+        draws,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        allowed,
+        proposal,
+        quick,
+    )
     targets = np.stack([base.target(x) for x in range(nodes + 1)])
+
     # draft_distribution makes q for all but its last row: give it one row more than there are indices
-    padded = lambda a: np.concatenate([a, a[-1:]])  # noqa: E731
+    def padded(a):
+        return np.concatenate([a, a[-1:]])
+
     law = draft_distribution(rng, q, padded(logits), padded(targets))
     scenario = replace(base, draft_law=law)
     check_tree_well_posed(scenario)
@@ -259,21 +286,59 @@ def tree_scenario_matrix() -> list[TreeScenario]:
     wide = ((-1, 4), (0, 3), (1, 2))
     return [
         tree_scenario("tree/argmax/plain", "argmax walk; children from a draft model, duplicates possible", quick=True),
-        tree_scenario("tree/argmax/mix+mask", "every truncation and a grammar mask", temperature=0.8, top_k=6,
-                      top_p=0.8, min_p=0.05, mask=0.4, quick=True),
+        tree_scenario(
+            "tree/argmax/mix+mask",
+            "every truncation and a grammar mask",
+            temperature=0.8,
+            top_k=6,
+            top_p=0.8,
+            min_p=0.05,
+            mask=0.4,
+            quick=True,
+        ),
         tree_scenario("tree/argmax/greedy", "greedy rows follow the argmax down the tree", temperature=0.0, mask=0.3),
-        tree_scenario("tree/sampled/with-replacement", "siblings drawn i.i.d. from q (SpecInfer)",
-                      proposal="sampled", top_p=0.9, quick=True),
-        tree_scenario("tree/sampled/without-replacement", "siblings drawn without replacement (recursive rejection)",
-                      proposal="sampled", draws="without_replacement", top_p=0.9, quick=True),
-        tree_scenario("tree/sampled/wide+mask", "4 root children, a grammar mask, top-k and min-p", groups=wide,
-                      proposal="sampled", draws="without_replacement", q="close", temperature=0.9, top_k=7,
-                      min_p=0.05, mask=0.3),
-        tree_scenario("tree/sampled/outside", "q puts 80% of its mass outside the nucleus", q="outside",
-                      proposal="sampled", top_p=0.7),
-        tree_scenario("tree/sampled/greedy", "greedy rows ignore q and follow the argmax", proposal="sampled",
-                      q="close", temperature=0.0),
-    ]  # fmt: skip
+        tree_scenario(
+            "tree/sampled/with-replacement",
+            "siblings drawn i.i.d. from q (SpecInfer)",
+            proposal="sampled",
+            top_p=0.9,
+            quick=True,
+        ),
+        tree_scenario(
+            "tree/sampled/without-replacement",
+            "siblings drawn without replacement (recursive rejection)",
+            proposal="sampled",
+            draws="without_replacement",
+            top_p=0.9,
+            quick=True,
+        ),
+        tree_scenario(
+            "tree/sampled/wide+mask",
+            "4 root children, a grammar mask, top-k and min-p",
+            groups=wide,
+            proposal="sampled",
+            draws="without_replacement",
+            q="close",
+            temperature=0.9,
+            top_k=7,
+            min_p=0.05,
+            mask=0.3,
+        ),
+        tree_scenario(
+            "tree/sampled/outside",
+            "q puts 80% of its mass outside the nucleus",
+            q="outside",
+            proposal="sampled",
+            top_p=0.7,
+        ),
+        tree_scenario(
+            "tree/sampled/greedy",
+            "greedy rows ignore q and follow the argmax",
+            proposal="sampled",
+            q="close",
+            temperature=0.0,
+        ),
+    ]
 
 
 def audited_verifiers(spec: str, tree: bool) -> tuple[Verifier, Verifier | None, list]:

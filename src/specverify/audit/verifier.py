@@ -122,7 +122,8 @@ def check_signature(function: object, name: str, tree: bool = False) -> None:
     """ValueError unless `function` is callable with the positional arguments of stochastic_acceptance_sampler
     (tree: of tree_acceptance_sampler); a callable whose signature cannot be read is given the benefit."""
     reference, arguments = (
-        ("tree_acceptance_sampler", TREE_POSITIONAL_ARGUMENTS) if tree
+        ("tree_acceptance_sampler", TREE_POSITIONAL_ARGUMENTS)
+        if tree
         else ("stochastic_acceptance_sampler", POSITIONAL_ARGUMENTS)
     )
     if not callable(function):

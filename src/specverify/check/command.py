@@ -49,20 +49,44 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     from ..kernels import BACKENDS
 
     parser.description = parser.description or DESCRIPTION
-    parser.add_argument("--device", default="auto", help="the device under test (default auto: cuda if there is one, else cpu)")
-    parser.add_argument("--reference", default="cpu", help="the device it is compared with (default: cpu; with --device "
-                        "auto on a machine without CUDA, the CPU's torch reference path)")
-    parser.add_argument("--candidate-fallback", action="store_true", help="on the CPU: test the torch path (no compiled kernels)")
-    parser.add_argument("--reference-fallback", action="store_true", help="on the CPU: the reference uses the torch path")
-    parser.add_argument("--candidate-backend", choices=list(BACKENDS), default=None,
-                        help="force the candidate's backend (default: the device's own: CUDA -> triton, CPU -> native)")
-    parser.add_argument("--perturb-ulps", type=int, default=0, help="self-test: nudge the candidate's float32 logits by N ulps")
+    parser.add_argument(
+        "--device", default="auto", help="the device under test (default auto: cuda if there is one, else cpu)"
+    )
+    parser.add_argument(
+        "--reference",
+        default="cpu",
+        help="the device it is compared with (default: cpu; with --device "
+        "auto on a machine without CUDA, the CPU's torch reference path)",
+    )
+    parser.add_argument(
+        "--candidate-fallback", action="store_true", help="on the CPU: test the torch path (no compiled kernels)"
+    )
+    parser.add_argument(
+        "--reference-fallback", action="store_true", help="on the CPU: the reference uses the torch path"
+    )
+    parser.add_argument(
+        "--candidate-backend",
+        choices=list(BACKENDS),
+        default=None,
+        help="force the candidate's backend (default: the device's own: CUDA -> triton, CPU -> native)",
+    )
+    parser.add_argument(
+        "--perturb-ulps", type=int, default=0, help="self-test: nudge the candidate's float32 logits by N ulps"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--rows", type=int, default=None, help="rows per statistical group (default 20000, quick 4000)")
-    parser.add_argument("--rtol", type=float, default=1e-6, help="relative distance to a CDF boundary that explains a mismatch")
-    parser.add_argument("--kept-set-mass", type=float, default=1e-4, help="largest differing mass of a kept-set difference")
-    parser.add_argument("--sections", type=_sections, default=",".join(SECTIONS),
-                        help=f"the sections to run, comma-separated (default: {','.join(SECTIONS)})")
+    parser.add_argument(
+        "--rtol", type=float, default=1e-6, help="relative distance to a CDF boundary that explains a mismatch"
+    )
+    parser.add_argument(
+        "--kept-set-mass", type=float, default=1e-4, help="largest differing mass of a kept-set difference"
+    )
+    parser.add_argument(
+        "--sections",
+        type=_sections,
+        default=",".join(SECTIONS),
+        help=f"the sections to run, comma-separated (default: {','.join(SECTIONS)})",
+    )
     parser.set_defaults(run=run_check_command)
 
 
@@ -77,12 +101,15 @@ def run_check_command(args: argparse.Namespace) -> int:
     reference_fallback = args.reference_fallback
     if args.device == "auto":  # the device at hand; on the CPU its compiled kernels against its torch path
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-        reference_fallback = reference_fallback or (args.device == "cpu" and args.reference == "cpu"
-                                                    and not args.candidate_fallback)
+        reference_fallback = reference_fallback or (
+            args.device == "cpu" and args.reference == "cpu" and not args.candidate_fallback
+        )
     for device in (args.device, args.reference):
         if device.startswith("cuda") and not torch.cuda.is_available():
-            print(f"specverify check: no CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False); "
-                  "nothing was checked. Use --device cpu --candidate-fallback to run the same checks on the CPU.")
+            print(
+                f"specverify check: no CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False); "
+                "nothing was checked. Use --device cpu --candidate-fallback to run the same checks on the CPU."
+            )
             print(json.dumps(dict(skipped=True, reason="no CUDA device", passed=True)))
             return 0
         try:
@@ -92,8 +119,9 @@ def run_check_command(args: argparse.Namespace) -> int:
             print(json.dumps(dict(skipped=True, reason=f"device {device} unusable", passed=False)))
             return 2
 
-    candidate = Target(args.device, native=not args.candidate_fallback, perturb_ulps=args.perturb_ulps,
-                       backend=args.candidate_backend)
+    candidate = Target(
+        args.device, native=not args.candidate_fallback, perturb_ulps=args.perturb_ulps, backend=args.candidate_backend
+    )
     reference = Target(args.reference, native=not reference_fallback)
     rows = args.rows or (4000 if args.quick else 20_000)
     report = run_checks(candidate, reference, args.quick, rows, args.rtol, args.kept_set_mass, args.sections)

@@ -32,19 +32,34 @@ def exactness_check(target: Target, quick: bool = False) -> dict:
         n, vocab = logits.shape
         x = torch.as_tensor(logits, dtype=torch.float32).to(dtype)
         bitmask = None if allowed is None else sv.pack_bitmask(torch.as_tensor(allowed))
-        got = run_truncated_probs(
-            x, torch.as_tensor(temperature, dtype=torch.float32), torch.as_tensor(top_k, dtype=torch.int64),
-            torch.as_tensor(top_p, dtype=torch.float32), torch.as_tensor(min_p, dtype=torch.float32), bitmask, target,
-        ).double().numpy()
+        got = (
+            run_truncated_probs(
+                x,
+                torch.as_tensor(temperature, dtype=torch.float32),
+                torch.as_tensor(top_k, dtype=torch.int64),
+                torch.as_tensor(top_p, dtype=torch.float32),
+                torch.as_tensor(min_p, dtype=torch.float32),
+                bitmask,
+                target,
+            )
+            .double()
+            .numpy()
+        )
         exact_logits = x.float().double().numpy()
         for row in range(n):
             want = truncated_distribution(
-                exact_logits[row], float(np.float32(temperature[row])), int(top_k[row]), float(np.float32(top_p[row])),
-                float(np.float32(min_p[row])), None if allowed is None else allowed[row],
+                exact_logits[row],
+                float(np.float32(temperature[row])),
+                int(top_k[row]),
+                float(np.float32(top_p[row])),
+                float(np.float32(min_p[row])),
+                None if allowed is None else allowed[row],
             )
             rows_checked += 1
             if not np.array_equal(got[row] > 0, want > 0):
-                failures.append(f"{label} row {row}: kept set differs ({int((got[row] > 0).sum())} vs {int((want > 0).sum())} tokens)")
+                failures.append(
+                    f"{label} row {row}: kept set differs ({int((got[row] > 0).sum())} vs {int((want > 0).sum())} tokens)"
+                )
                 continue
             error = np.abs(got[row] - want)
             worst_abs = max(worst_abs, float(error.max()))
@@ -52,7 +67,9 @@ def exactness_check(target: Target, quick: bool = False) -> dict:
                 failures.append(f"{label} row {row}: probabilities differ by {error.max():.3g}")
 
     vocab = 40
-    grid = list(itertools.product([0.0, 0.3, 1.0, 2.5], [-1, 1, 3, vocab, vocab + 5], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1, 0.6]))
+    grid = list(
+        itertools.product([0.0, 0.3, 1.0, 2.5], [-1, 1, 3, vocab, vocab + 5], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1, 0.6])
+    )
     if quick:
         grid = grid[::3]
     params = [np.array(column) for column in zip(*grid)]
@@ -63,13 +80,21 @@ def exactness_check(target: Target, quick: bool = False) -> dict:
     n, vocab = (8, 5000) if quick else (48, 5000)
     allowed = rng.random((n, vocab)) < 0.7
     compare(
-        rng.normal(0, 3, size=(n, vocab)), rng.choice([0.5, 1.0, 1.7], size=n), rng.choice([-1, 1, 7, 100, 4000], size=n),
-        rng.choice([1.0, 0.95, 0.7, 0.2], size=n), rng.choice([0.0, 0.01, 0.3], size=n), allowed, torch.float32, "V=5000 masked",
+        rng.normal(0, 3, size=(n, vocab)),
+        rng.choice([0.5, 1.0, 1.7], size=n),
+        rng.choice([-1, 1, 7, 100, 4000], size=n),
+        rng.choice([1.0, 0.95, 0.7, 0.2], size=n),
+        rng.choice([0.0, 0.01, 0.3], size=n),
+        allowed,
+        torch.float32,
+        "V=5000 masked",
     )
 
     flat = nucleus_conditions(target, vocab=256_000, rows=2 if quick else 8, top_p=0.99, scale=1e-2)
     if flat["worst_excess"] > 1e-5 or flat["worst_deficit"] > 1e-5 or not flat["threshold_sets"]:
-        failures.append(f"nearly flat 256k vocabulary, top_p 0.99: kept set off by {max(flat['worst_excess'], flat['worst_deficit']):.3g} of the mass")
+        failures.append(
+            f"nearly flat 256k vocabulary, top_p 0.99: kept set off by {max(flat['worst_excess'], flat['worst_deficit']):.3g} of the mass"
+        )
 
     # greedy rows are the argmax; keyed uniforms are bit-identical to the CPU's
     logits = torch.randn(64, 3000, generator=torch.Generator().manual_seed(3))
@@ -90,7 +115,9 @@ def nucleus_conditions(target: Target, vocab: int, rows: int, top_p: float, scal
     the kept set is {w >= t}; its mass reaches top_p; the mass strictly above t does not (else t could
     be higher). Returns the worst relative excess / deficit (each should be <= ~1e-6)."""
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
-    probs = run_truncated_probs(logits, torch.ones(rows), torch.full((rows,), -1), torch.full((rows,), top_p), None, None, target)
+    probs = run_truncated_probs(
+        logits, torch.ones(rows), torch.full((rows,), -1), torch.full((rows,), top_p), None, None, target
+    )
     weights = torch.exp(logits - logits.amax(-1, keepdim=True)).double()
     worst_excess, worst_deficit, threshold_sets = -1.0, -1.0, True
     for row in range(rows):
@@ -99,5 +126,11 @@ def nucleus_conditions(target: Target, vocab: int, rows: int, top_p: float, scal
         worst_excess = max(worst_excess, float((w[w > t].sum() / total) / top_p - 1))
         worst_deficit = max(worst_deficit, float(1 - (w[kept].sum() / total) / top_p))
         threshold_sets &= bool(torch.equal(kept, w >= t))
-    return dict(vocab=vocab, rows=rows, top_p=top_p, worst_excess=worst_excess, worst_deficit=worst_deficit, threshold_sets=threshold_sets)
-
+    return dict(
+        vocab=vocab,
+        rows=rows,
+        top_p=top_p,
+        worst_excess=worst_excess,
+        worst_deficit=worst_deficit,
+        threshold_sets=threshold_sets,
+    )

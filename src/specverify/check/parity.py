@@ -42,20 +42,30 @@ def parity_cases(quick: bool = False, seed: int = 0, include_flat_256k: bool = T
     scale = 1 if quick else 8
 
     def base(batch, positions, vocab, dtype=torch.float32, logit_scale=2.0):
-        pick = lambda values, dt: torch.tensor(values, dtype=dt)[torch.randint(0, len(values), (batch,), generator=g)]  # noqa: E731
+        def pick(values, dt):
+            return torch.tensor(values, dtype=dt)[torch.randint(0, len(values), (batch,), generator=g)]
+
         logits = torch.randn(batch, positions + 1, vocab, generator=g) * logit_scale
         allowed = torch.rand(batch, positions + 1, vocab, generator=g) < 0.8
         allowed.scatter_(-1, logits.argmax(-1, keepdim=True), True)
         bitmask = sv.pack_bitmask(allowed)
         bitmask[::2] = -1  # half the rows unmasked
-        draft = torch.where(torch.rand(batch, positions, generator=g) < 0.5, logits[:, :positions].argmax(-1),
-                            torch.randint(0, vocab, (batch, positions), generator=g))
-        draft[::5, positions // 2:] = PAD
+        draft = torch.where(
+            torch.rand(batch, positions, generator=g) < 0.5,
+            logits[:, :positions].argmax(-1),
+            torch.randint(0, vocab, (batch, positions), generator=g),
+        )
+        draft[::5, positions // 2 :] = PAD
         return dict(
-            draft_tokens=draft, target_logits=logits.to(dtype),
-            temperature=pick([0.0, 0.5, 1.0, 1.5, 1e-5], torch.float32), top_k=pick([-1, 1, 5, 50, vocab // 2, vocab], torch.int64),
-            max_k=None, top_p=pick([1.0, 0.95, 0.8, 0.5, 0.1], torch.float32), min_top_p=None,
-            seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g), token_bitmasks=bitmask,
+            draft_tokens=draft,
+            target_logits=logits.to(dtype),
+            temperature=pick([0.0, 0.5, 1.0, 1.5, 1e-5], torch.float32),
+            top_k=pick([-1, 1, 5, 50, vocab // 2, vocab], torch.int64),
+            max_k=None,
+            top_p=pick([1.0, 0.95, 0.8, 0.5, 0.1], torch.float32),
+            min_top_p=None,
+            seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
+            token_bitmasks=bitmask,
             min_p=pick([0.0, 0.0, 0.05, 0.3], torch.float32),
         )
 
@@ -67,10 +77,14 @@ def parity_cases(quick: bool = False, seed: int = 0, include_flat_256k: bool = T
         target = _target_probs(args)[:, :positions]
         table = {"softmax": softmax, "zero": torch.zeros_like(softmax), "one-hot": one_hot, "target": target}
         choice = torch.randint(0, len(kinds), (batch, positions), generator=g)
-        q = torch.stack([table[k] for k in kinds]).gather(0, choice[None, ..., None].expand(1, batch, positions, vocab))[0]
+        q = torch.stack([table[k] for k in kinds]).gather(
+            0, choice[None, ..., None].expand(1, batch, positions, vocab)
+        )[0]
         present = args["draft_tokens"] >= 0
         has_mass = q.sum(-1) > 0
-        sampled = torch.multinomial(q.reshape(-1, vocab) + (~has_mass).reshape(-1, 1).float(), 1, generator=g).view(batch, positions)
+        sampled = torch.multinomial(q.reshape(-1, vocab) + (~has_mass).reshape(-1, 1).float(), 1, generator=g).view(
+            batch, positions
+        )
         args["draft_tokens"] = torch.where(present & has_mass, sampled, args["draft_tokens"])
         return {**args, "draft_proposal": "sampled", "draft_probs_full": q}
 
@@ -86,8 +100,13 @@ def parity_cases(quick: bool = False, seed: int = 0, include_flat_256k: bool = T
     cases.extend(boundary_cases(64 * scale, seed=seed + 1))
     if include_flat_256k:
         flat = base(2 * (1 if quick else 4), 1, 256_000, logit_scale=1e-2)
-        flat.update(temperature=torch.ones(flat["temperature"].shape), top_p=torch.full(flat["top_p"].shape, 0.9),
-                    top_k=torch.full(flat["top_k"].shape, -1), min_p=None, token_bitmasks=None)
+        flat.update(
+            temperature=torch.ones(flat["temperature"].shape),
+            top_p=torch.full(flat["top_p"].shape, 0.9),
+            top_k=torch.full(flat["top_k"].shape, -1),
+            min_p=None,
+            token_bitmasks=None,
+        )
         cases.append(Case("argmax flat V=256000", flat))
     return cases
 
@@ -102,15 +121,26 @@ def boundary_cases(batch: int, seed: int = 1) -> list[Case]:
     seeds = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g)
     positions = 2
     keys = seeds[:, None] + torch.arange(positions + 1)
-    common = dict(temperature=torch.ones(batch), top_k=torch.full((batch,), -1), max_k=None, top_p=torch.ones(batch),
-                  min_top_p=None, seed=seeds)
+    common = dict(
+        temperature=torch.ones(batch),
+        top_k=torch.full((batch,), -1),
+        max_k=None,
+        top_p=torch.ones(batch),
+        min_top_p=None,
+        seed=seeds,
+    )
     u = sv.keyed_uniform(keys, STREAM_TARGET)
     p = torch.stack([u / 2, u / 2, (1 - u) / 2, (1 - u) / 2], -1)
     argmax = dict(draft_tokens=torch.full((batch, positions), PAD), target_logits=p.log().float(), **common)
     ua = sv.keyed_uniform(keys, STREAM_ACCEPT)
     p = torch.stack([ua, 1 - ua], -1)
-    sampled = dict(draft_tokens=torch.zeros(batch, positions, dtype=torch.int64), target_logits=p.log().float(), **common,
-                   draft_proposal="sampled", draft_probs_full=torch.nn.functional.one_hot(torch.zeros(batch, positions, dtype=torch.int64), 2).float())
+    sampled = dict(
+        draft_tokens=torch.zeros(batch, positions, dtype=torch.int64),
+        target_logits=p.log().float(),
+        **common,
+        draft_proposal="sampled",
+        draft_probs_full=torch.nn.functional.one_hot(torch.zeros(batch, positions, dtype=torch.int64), 2).float(),
+    )
     return [Case("on-boundary argmax", argmax), Case("on-boundary sampled", sampled)]
 
 
@@ -119,10 +149,19 @@ def _flat_params(args: dict):
     bitmask [B*(K+1), W] or None."""
     batch, positions = args["draft_tokens"].shape
     vocab = args["target_logits"].shape[-1]
-    rep = lambda t: None if t is None else t.repeat_interleave(positions + 1)  # noqa: E731
+
+    def rep(t):
+        return None if t is None else t.repeat_interleave(positions + 1)
+
     bitmask = args.get("token_bitmasks")
-    return (args["target_logits"].reshape(-1, vocab), rep(args["temperature"]), rep(args["top_k"]), rep(args["top_p"]),
-            rep(args.get("min_p")), None if bitmask is None else bitmask.reshape(batch * (positions + 1), -1))
+    return (
+        args["target_logits"].reshape(-1, vocab),
+        rep(args["temperature"]),
+        rep(args["top_k"]),
+        rep(args["top_p"]),
+        rep(args.get("min_p")),
+        None if bitmask is None else bitmask.reshape(batch * (positions + 1), -1),
+    )
 
 
 def _target_probs(args: dict, target: Target = Target("cpu")) -> torch.Tensor:
@@ -140,7 +179,8 @@ def _near_boundary(u: float, cdfs: list[np.ndarray], low: int, high: int, rtol: 
         return False, float("inf")
     distance = float(np.min(np.abs(u - reference) / np.maximum(reference, 1e-300)))
     straddled = any(
-        (min(a, b) - rtol * max(a, b) <= u <= max(a, b) + rtol * max(a, b)) for a, b in zip(cdfs[0][low:high], cdfs[1][low:high])
+        (min(a, b) - rtol * max(a, b) <= u <= max(a, b) + rtol * max(a, b))
+        for a, b in zip(cdfs[0][low:high], cdfs[1][low:high])
     )
     return distance <= rtol or straddled, distance
 
@@ -151,7 +191,9 @@ def _cdf(p: np.ndarray) -> np.ndarray:
     return np.cumsum(p) / total if total > 0 else np.cumsum(p)
 
 
-def _draw_mismatch(u: float, p_ref: np.ndarray, p_cand: np.ndarray, a: int, b: int, rtol: float, kept_mass: float) -> tuple[str, float]:
+def _draw_mismatch(
+    u: float, p_ref: np.ndarray, p_cand: np.ndarray, a: int, b: int, rtol: float, kept_mass: float
+) -> tuple[str, float]:
     """Classify two different inverse-CDF draws a, b of one uniform from two devices' versions of a law
     (p_ref, p_cand: [V]) -> (kind, its measure: the differing mass or the distance to a boundary)."""
     if not np.array_equal(p_ref > 0, p_cand > 0):
@@ -216,7 +258,9 @@ def compare_case(case: Case, reference: Target, candidate: Target, rtol: float =
             near_tie = abs(x[a] - x[c]) <= tie_rtol * max(abs(x[a]), abs(x[c]), 1e-30)
             kind = "boundary" if near_tie else "unexplained"
         elif relaxed[b] and j < positions:
-            near = _relaxed_near_tie(logits[b, j], int(draft[b, j]), args["relaxed_topk"], args["relaxed_delta"], tie_rtol)
+            near = _relaxed_near_tie(
+                logits[b, j], int(draft[b, j]), args["relaxed_topk"], args["relaxed_delta"], tie_rtol
+            )
             kind = "boundary" if near else "unexplained"
         elif sampled and j < positions:
             d = int(draft[b, j])
@@ -231,9 +275,13 @@ def compare_case(case: Case, reference: Target, candidate: Target, rtol: float =
                     kind = "kept-set"
             else:
                 u = float(uniforms[STREAM_RESIDUAL][b, j])
-                kind, distance = _draw_mismatch(u, _residual(p_ref[b, j], q[b, j], d), _residual(p_cand[b, j], q[b, j], d), a, c, rtol, kept_mass)
+                kind, distance = _draw_mismatch(
+                    u, _residual(p_ref[b, j], q[b, j], d), _residual(p_cand[b, j], q[b, j], d), a, c, rtol, kept_mass
+                )
         else:
-            kind, distance = _draw_mismatch(float(uniforms[STREAM_TARGET][b, j]), p_ref[b, j], p_cand[b, j], a, c, rtol, kept_mass)
+            kind, distance = _draw_mismatch(
+                float(uniforms[STREAM_TARGET][b, j]), p_ref[b, j], p_cand[b, j], a, c, rtol, kept_mass
+            )
         counts[kind] += 1
         if len(details) < 20:
             details.append(dict(row=int(b), position=int(j), reference=a, candidate=c, kind=kind, measure=distance))
@@ -255,18 +303,44 @@ def _relaxed_near_tie(x: np.ndarray, d: int, topk: int, delta: float, rtol: floa
     return bool(close or tie)
 
 
-def parity_check(reference: Target, candidate: Target, quick: bool = False, rtol: float = 1e-6, kept_mass: float = 1e-4,
-                 cases: list[Case] | None = None) -> dict:
+def parity_check(
+    reference: Target,
+    candidate: Target,
+    quick: bool = False,
+    rtol: float = 1e-6,
+    kept_mass: float = 1e-4,
+    cases: list[Case] | None = None,
+) -> dict:
     """compare_case on every case (default: parity_cases(quick)) -> the report's section: per case and in
     total, and the mismatch rates on ordinary inputs and on draws placed on a boundary."""
-    results = [compare_case(case, reference, candidate, rtol, kept_mass) for case in (cases if cases is not None else parity_cases(quick))]
-    total = {key: sum(r[key] for r in results) for key in ("positions", "mismatches", "boundary", "kept-set", "kept-set-large", "unexplained")}
-    failures = [f"{r['case']}: {r['unexplained']} unexplained, {r['kept-set-large']} large kept-set differences"
-                for r in results if r["unexplained"] or r["kept-set-large"]]
+    results = [
+        compare_case(case, reference, candidate, rtol, kept_mass)
+        for case in (cases if cases is not None else parity_cases(quick))
+    ]
+    total = {
+        key: sum(r[key] for r in results)
+        for key in ("positions", "mismatches", "boundary", "kept-set", "kept-set-large", "unexplained")
+    }
+    failures = [
+        f"{r['case']}: {r['unexplained']} unexplained, {r['kept-set-large']} large kept-set differences"
+        for r in results
+        if r["unexplained"] or r["kept-set-large"]
+    ]
     natural = [r for r in results if not r["case"].startswith("on-boundary")]
     constructed = [r for r in results if r["case"].startswith("on-boundary")]
-    rate = lambda rs: sum(r["mismatches"] for r in rs) / max(sum(r["positions"] for r in rs), 1)  # noqa: E731
-    return dict(reference=str(reference), candidate=str(candidate), rtol=rtol, cases=results, total=total,
-                mismatch_rate=total["mismatches"] / max(total["positions"], 1), natural_mismatch_rate=rate(natural),
-                on_boundary_mismatch_rate=rate(constructed), failures=failures, passed=not failures)
 
+    def rate(rs):
+        return sum(r["mismatches"] for r in rs) / max(sum(r["positions"] for r in rs), 1)
+
+    return dict(
+        reference=str(reference),
+        candidate=str(candidate),
+        rtol=rtol,
+        cases=results,
+        total=total,
+        mismatch_rate=total["mismatches"] / max(total["positions"], 1),
+        natural_mismatch_rate=rate(natural),
+        on_boundary_mismatch_rate=rate(constructed),
+        failures=failures,
+        passed=not failures,
+    )

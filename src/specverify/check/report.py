@@ -23,28 +23,50 @@ def print_report(report: dict, out=None) -> None:
     if "exactness" in report:
         e = report["exactness"]
         flat = e["flat_256k"]
-        print(f"  exactness   {'PASS' if e['passed'] else 'FAIL'}  {e['rows']} rows vs float64 oracle, worst |p - exact| {e['worst_abs_error']:.2e}; "
-              f"flat V=256000 top_p {flat['top_p']}: excess {flat['worst_excess']:.2e}, deficit {flat['worst_deficit']:.2e}", file=out)
+        print(
+            f"  exactness   {'PASS' if e['passed'] else 'FAIL'}  {e['rows']} rows vs float64 oracle, worst |p - exact| {e['worst_abs_error']:.2e}; "
+            f"flat V=256000 top_p {flat['top_p']}: excess {flat['worst_excess']:.2e}, deficit {flat['worst_deficit']:.2e}",
+            file=out,
+        )
     if "statistics" in report:
         s = report["statistics"]
         if "skipped" in s:
             print(f"  statistics  SKIP  {s['skipped']}", file=out)
         else:
-            print(f"  statistics  {'PASS' if s['passed'] else 'FAIL'}  {s['tests']} chi-square tests, {s['rows_per_group']} rows/group, "
-                  f"smallest p {s['smallest_p_value']:.3g}; power: wrong law p {s['power_p_value']:.3g}", file=out)
+            print(
+                f"  statistics  {'PASS' if s['passed'] else 'FAIL'}  {s['tests']} chi-square tests, {s['rows_per_group']} rows/group, "
+                f"smallest p {s['smallest_p_value']:.3g}; power: wrong law p {s['power_p_value']:.3g}",
+                file=out,
+            )
     if "parity" in report:
         p = report["parity"]
-        print(f"  parity      {'PASS' if p['passed'] else 'FAIL'}  {p['total']['mismatches']} of {p['total']['positions']} positions differ: "
-              f"boundary {p['total']['boundary']}, kept-set {p['total']['kept-set']}, kept-set-large {p['total']['kept-set-large']}, "
-              f"unexplained {p['total']['unexplained']}; rate on ordinary inputs {p['natural_mismatch_rate']:.2e}, "
-              f"on draws placed on a boundary {p['on_boundary_mismatch_rate']:.2e}", file=out)
-        print(f"    {'case':<24} {'positions':>10} {'differ':>7} {'boundary':>9} {'kept-set':>9} {'unexplained':>12}", file=out)
+        print(
+            f"  parity      {'PASS' if p['passed'] else 'FAIL'}  {p['total']['mismatches']} of {p['total']['positions']} positions differ: "
+            f"boundary {p['total']['boundary']}, kept-set {p['total']['kept-set']}, kept-set-large {p['total']['kept-set-large']}, "
+            f"unexplained {p['total']['unexplained']}; rate on ordinary inputs {p['natural_mismatch_rate']:.2e}, "
+            f"on draws placed on a boundary {p['on_boundary_mismatch_rate']:.2e}",
+            file=out,
+        )
+        print(
+            f"    {'case':<24} {'positions':>10} {'differ':>7} {'boundary':>9} {'kept-set':>9} {'unexplained':>12}",
+            file=out,
+        )
         for r in p["cases"]:
-            print(f"    {r['case']:<24} {r['positions']:>10} {r['mismatches']:>7} {r['boundary']:>9} {r['kept-set'] + r['kept-set-large']:>9} {r['unexplained']:>12}", file=out)
+            print(
+                f"    {r['case']:<24} {r['positions']:>10} {r['mismatches']:>7} {r['boundary']:>9} {r['kept-set'] + r['kept-set-large']:>9} {r['unexplained']:>12}",
+                file=out,
+            )
             for d in r["details"][:5]:
-                what = "differing mass" if d["kind"].startswith("kept-set") else "relative distance to the nearest boundary"
-                print(f"      row {d['row']} position {d['position']}: token {d['reference']} vs {d['candidate']} ({d['kind']}, "
-                      f"{what} {d['measure']:.2e})", file=out)
+                what = (
+                    "differing mass"
+                    if d["kind"].startswith("kept-set")
+                    else "relative distance to the nearest boundary"
+                )
+                print(
+                    f"      row {d['row']} position {d['position']}: token {d['reference']} vs {d['candidate']} ({d['kind']}, "
+                    f"{what} {d['measure']:.2e})",
+                    file=out,
+                )
     if "timing" in report:
         t = report["timing"]
         shape = ", ".join(f"{k}={v}" for k, v in t["shape"].items())
@@ -56,8 +78,15 @@ def print_report(report: dict, out=None) -> None:
             print(f"  FAILED {section}: {failure}", file=out)
 
 
-def run_checks(candidate: Target, reference: Target, quick: bool, rows_per_group: int, rtol: float, kept_mass: float,
-               sections: tuple[str, ...]) -> dict:
+def run_checks(
+    candidate: Target,
+    reference: Target,
+    quick: bool,
+    rows_per_group: int,
+    rtol: float,
+    kept_mass: float,
+    sections: tuple[str, ...],
+) -> dict:
     """Run the sections named (of exactness, statistics, parity, timing) on the candidate, parity against
     the reference -> the report, JSON-ready: each section's results, the seconds taken, whether all passed."""
     report: dict = dict(candidate=str(candidate), reference=str(reference), torch=torch.__version__)

@@ -16,7 +16,6 @@ import specverify as sv
 from ..audit.exact import first_rejection_law, truncated_distribution
 from .targets import Target, run_verifier
 
-
 STAT_GROUPS = [  # temperature, top_k, top_p, min_p, masked
     (1.0, -1, 1.0, 0.0, False),
     (0.7, 5, 1.0, 0.0, False),
@@ -41,24 +40,44 @@ def statistics_check(target: Target, rows_per_group: int = 20_000, seed: int = 1
         if group[4]:
             allowed[g] = rng.random((positions + 1, vocab)) < 0.6
             allowed[g, :, logits[g].argmax(-1)] = True
-    laws = np.array([[truncated_distribution(logits[g, j], *STAT_GROUPS[g][:4], allowed[g, j]) for j in range(positions + 1)] for g in range(groups)])
-    column = lambda i, dtype: torch.tensor([group[i] for group in STAT_GROUPS], dtype=dtype).repeat_interleave(rows_per_group)  # noqa: E731
+    laws = np.array(
+        [
+            [truncated_distribution(logits[g, j], *STAT_GROUPS[g][:4], allowed[g, j]) for j in range(positions + 1)]
+            for g in range(groups)
+        ]
+    )
+
+    def column(i, dtype):
+        return torch.tensor([group[i] for group in STAT_GROUPS], dtype=dtype).repeat_interleave(rows_per_group)
+
     n = groups * rows_per_group
     args = dict(
-        target_logits=torch.as_tensor(logits).repeat_interleave(rows_per_group, 0), temperature=column(0, torch.float32),
-        top_k=column(1, torch.int64), max_k=None, top_p=column(2, torch.float32), min_top_p=None,
+        target_logits=torch.as_tensor(logits).repeat_interleave(rows_per_group, 0),
+        temperature=column(0, torch.float32),
+        top_k=column(1, torch.int64),
+        max_k=None,
+        top_p=column(2, torch.float32),
+        min_top_p=None,
         seed=torch.randint(-(2**62), 2**62, (n,), generator=torch.Generator().manual_seed(seed)),
-        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)).repeat_interleave(rows_per_group, 0), min_p=column(3, torch.float32),
+        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)).repeat_interleave(rows_per_group, 0),
+        min_p=column(3, torch.float32),
     )
     results, failures = [], []
     # drafts: "argmax" mode with each position's most likely token; "sampled" mode with drafts drawn from a
     # q that half agrees with p~ (q = .5 p~ + .5 uniform)
     q = 0.5 * laws[:, :positions] + 0.5 / vocab
-    draws = np.stack([[rng.choice(vocab, size=rows_per_group, p=q[g, j]) for j in range(positions)] for g in range(groups)])
+    draws = np.stack(
+        [[rng.choice(vocab, size=rows_per_group, p=q[g, j]) for j in range(positions)] for g in range(groups)]
+    )
     modes = {
         "argmax": (torch.as_tensor(laws.argmax(-1)[:, :positions]).repeat_interleave(rows_per_group, 0), {}),
-        "sampled": (torch.as_tensor(draws.transpose(0, 2, 1).reshape(n, positions)),
-                    dict(draft_proposal="sampled", draft_probs_full=torch.as_tensor(q, dtype=torch.float32).repeat_interleave(rows_per_group, 0))),
+        "sampled": (
+            torch.as_tensor(draws.transpose(0, 2, 1).reshape(n, positions)),
+            dict(
+                draft_proposal="sampled",
+                draft_probs_full=torch.as_tensor(q, dtype=torch.float32).repeat_interleave(rows_per_group, 0),
+            ),
+        ),
     }
     for mode, (draft, extra) in modes.items():
         first, recovered, bonus = run_verifier(dict(draft_tokens=draft, **args, **extra), target)
@@ -90,6 +109,11 @@ def statistics_check(target: Target, rows_per_group: int = 20_000, seed: int = 1
     if power_p >= POWER_P_VALUE:
         failures.append(f"power: the untruncated law was not caught (p = {power_p:.3g}, n = {rows_per_group})")
     smallest = min(r["p_value"] for r in results)
-    return dict(rows_per_group=rows_per_group, tests=len(results), smallest_p_value=smallest, power_p_value=power_p,
-                failures=failures, passed=not failures)
-
+    return dict(
+        rows_per_group=rows_per_group,
+        tests=len(results),
+        smallest_p_value=smallest,
+        power_p_value=power_p,
+        failures=failures,
+        passed=not failures,
+    )

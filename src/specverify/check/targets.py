@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -76,7 +76,11 @@ def run_truncated_probs(logits2d, temperature, top_k, top_p, min_p, bitmask, tar
     """truncated_probs on the target: logits2d [N, V], the parameters [N] (or None) -> float32 [N, V] on the CPU."""
     with running_on(target):
         probs = sv.truncated_probs(
-            to_target(logits2d, target, perturb=True), to_target(temperature, target), to_target(top_k, target),
-            to_target(top_p, target), to_target(min_p, target), to_target(bitmask, target),
+            to_target(logits2d, target, perturb=True),
+            to_target(temperature, target),
+            to_target(top_k, target),
+            to_target(top_p, target),
+            to_target(min_p, target),
+            to_target(bitmask, target),
         )
     return probs.cpu()

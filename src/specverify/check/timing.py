@@ -20,11 +20,22 @@ def timing_check(candidate: Target, quick: bool) -> dict:
     "backend", "cases": {name: {"min_ms", "median_ms", "x_read_floor"}}}."""
     batch, positions, vocab = QUICK_SHAPE if quick else FULL_SHAPE
     with running_on(candidate):
-        results = run_benchmark(batch, positions, vocab, torch.float32, MODES, repeats=5 if quick else 11,
-                                device=torch.device(candidate.device))
+        results = run_benchmark(
+            batch,
+            positions,
+            vocab,
+            torch.float32,
+            MODES,
+            repeats=5 if quick else 11,
+            device=torch.device(candidate.device),
+        )
     cases = {
         name: {key: round(case[key], 4) for key in ("min_ms", "median_ms", "x_read_floor")}
         for name, case in results["cases"].items()
     }
-    return {"passed": True, "shape": {"B": batch, "K": positions, "V": vocab}, "backend": results["config"]["kernels"],
-            "cases": cases}
+    return {
+        "passed": True,
+        "shape": {"B": batch, "K": positions, "V": vocab},
+        "backend": results["config"]["kernels"],
+        "cases": cases,
+    }

@@ -119,13 +119,26 @@ def run_requests(
         raise ValueError("relaxed acceptance is a chain rule (SPEC §3.4): tree drafts are verified losslessly only")
     if tree is not None:
         spec = tree_generate(
-            loaded.model, drafter, prompt_ids, params, nodes=tree, draft_proposal=draft_proposal, on_step=on_step,
+            loaded.model,
+            drafter,
+            prompt_ids,
+            params,
+            nodes=tree,
+            draft_proposal=draft_proposal,
+            on_step=on_step,
             **common,
         )
     else:
         spec = speculative_generate(
-            loaded.model, drafter, prompt_ids, params, k=k, draft_proposal=draft_proposal, on_step=on_step,
-            relaxed=relaxed, **common,
+            loaded.model,
+            drafter,
+            prompt_ids,
+            params,
+            k=k,
+            draft_proposal=draft_proposal,
+            on_step=on_step,
+            relaxed=relaxed,
+            **common,
         )
     plain = None
     if compare:

@@ -62,7 +62,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="verify a draft tree of up to NODES nodes per step instead of a chain of K (--drafter ngram: the "
         "trie of every earlier continuation of the suffix; model: the draft model's top/sampled children)",
     )
-    p.add_argument("--branching", type=int, default=2, help="for --tree with --drafter model: children per node (default 2)")
+    p.add_argument(
+        "--branching", type=int, default=2, help="for --tree with --drafter model: children per node (default 2)"
+    )
     p.add_argument(
         "--sibling-draws",
         default="with_replacement",
@@ -80,8 +82,11 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument(
-        "--threads", type=int, default=1, help="CPU threads (default 1): torch's, or llama.cpp's with --engine llamacpp "
-        "(torch then runs the verifier on one)"
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (default 1): torch's, or llama.cpp's with --engine llamacpp "
+        "(torch then runs the verifier on one)",
     )
     engine = p.add_argument_group("engine")
     engine.add_argument(
@@ -127,7 +132,11 @@ def run_generate_command(args: argparse.Namespace) -> int:
     if console is not None:
         from .report import LEGEND, StreamPrinter
 
-        what = f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens" if single else f"{len(requests)} requests"
+        what = (
+            f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens"
+            if single
+            else f"{len(requests)} requests"
+        )
         console.print(
             f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
             f"{'K=' + str(args.draft_tokens) if args.tree is None else f'tree of {args.tree} nodes'} · "

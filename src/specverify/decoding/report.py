@@ -105,8 +105,10 @@ def print_results(console: Console, run: BatchRun, relaxed: bool, single: bool) 
     identical = None if plain is None else all(run.identical)
     if not single:
         for b, (request, text) in enumerate(zip(run.requests, run.texts)):
-            console.print(f"[bold]request {b + 1}[/bold] [dim]({request.origin} · seed {request.seed} · "
-                          f"{len(spec.tokens[b])} tokens)[/dim]")
+            console.print(
+                f"[bold]request {b + 1}[/bold] [dim]({request.origin} · seed {request.seed} · "
+                f"{len(spec.tokens[b])} tokens)[/dim]"
+            )
             console.print(text, highlight=False, soft_wrap=True)
             print_grammar_check(console, run.checks[b])
     console.print()

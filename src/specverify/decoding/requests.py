@@ -83,7 +83,10 @@ def request_from_fields(fields: dict, defaults: Request) -> Request:
     if "prompt" not in fields:
         raise ValueError('"prompt" is required')
     checks = {"temperature": _is_number, "top_p": _is_number, "min_p": _is_number, "top_k": _is_int, "seed": _is_int}
-    checks |= {"prompt": lambda v: isinstance(v, str) and bool(v.strip()), "max_tokens": lambda v: _is_int(v) and v >= 1}
+    checks |= {
+        "prompt": lambda v: isinstance(v, str) and bool(v.strip()),
+        "max_tokens": lambda v: _is_int(v) and v >= 1,
+    }
     for name, ok in checks.items():
         if name in fields and not ok(fields[name]):
             raise ValueError(f"{name} must be {FIELDS[name]} (got {fields[name]!r:.80})")

@@ -115,7 +115,9 @@ def _check_tree_settings(args: argparse.Namespace) -> None:
     if args.draft_tokens != "auto":
         raise UsageError(f"--tree NODES replaces -k (got -k {args.draft_tokens} and --tree {args.tree}: give one)")
     if args.json_schema is not None or args.regex is not None or args.choices is not None:
-        raise UsageError("--tree cannot take --json-schema/--regex/--choices: tree steps are verified without grammar masks")
+        raise UsageError(
+            "--tree cannot take --json-schema/--regex/--choices: tree steps are verified without grammar masks"
+        )
     if args.relaxed is not None:
         raise UsageError("--tree cannot take --relaxed: relaxed acceptance is a chain rule")
     if not ENGINES[args.engine].scores_trees:
@@ -123,7 +125,9 @@ def _check_tree_settings(args: argparse.Namespace) -> None:
     if args.branching < 1:
         raise UsageError(f"--branching must be >= 1 (got {args.branching})")
     if args.sibling_draws not in SIBLING_DRAWS:
-        raise UsageError(f"--sibling-draws must be 'with_replacement' or 'without_replacement' (got {args.sibling_draws!r})")
+        raise UsageError(
+            f"--sibling-draws must be 'with_replacement' or 'without_replacement' (got {args.sibling_draws!r})"
+        )
 
 
 def _relaxed_setting(args: argparse.Namespace) -> tuple[int, float] | None:
@@ -180,7 +184,9 @@ def _requests(args: argparse.Namespace, prompt: str | None, params, grammar_sett
     except ValueError as err:
         raise UsageError(f"--requests {args.requests}: {err}") from None
     if any(r.grammar is not None for r in requests) and args.tree is not None:
-        raise UsageError("--tree cannot take requests with json_schema/regex/choices: tree steps are verified without grammar masks")
+        raise UsageError(
+            "--tree cannot take requests with json_schema/regex/choices: tree steps are verified without grammar masks"
+        )
     if any(r.grammar is not None for r in requests):
         require_modules(GRAMMAR_MODULES, "a request with json_schema/regex/choices")
     return requests

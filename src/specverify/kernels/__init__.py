@@ -40,9 +40,23 @@ from .backend import TORCH, Backend
 from .native import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT
 
 __all__ = [
-    "BACKENDS", "FROM_RESIDUAL", "FROM_TARGET", "HOLDS_ABOVE_MINUS_INF", "HOLDS_NAN_OR_INF", "TORCH", "WITHOUT_DRAFT",
-    "Backend", "argmax_rows", "backend_for", "forced", "recover_rows", "relaxed_rows", "sample_rows", "scan_rows",
-    "verify_rows", "weigh_rows",
+    "BACKENDS",
+    "FROM_RESIDUAL",
+    "FROM_TARGET",
+    "HOLDS_ABOVE_MINUS_INF",
+    "HOLDS_NAN_OR_INF",
+    "TORCH",
+    "WITHOUT_DRAFT",
+    "Backend",
+    "argmax_rows",
+    "backend_for",
+    "forced",
+    "recover_rows",
+    "relaxed_rows",
+    "sample_rows",
+    "scan_rows",
+    "verify_rows",
+    "weigh_rows",
 ]
 
 ENVIRONMENT = "SPECVERIFY_BACKEND"
@@ -65,7 +79,7 @@ def forced(name: str | None) -> Iterator[None]:
             os.environ[ENVIRONMENT] = saved
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_backend(interpreted: bool) -> Backend | None:
     """The Triton backend (triton/), imported on first use; None (with a one-time warning) where triton
     cannot be imported. interpreted: the caller needs Triton's interpreter (CPU tensors), which Triton
@@ -106,7 +120,9 @@ def _native(device: torch.device | None) -> Backend | None:
         raise RuntimeError(f"{ENVIRONMENT}=native runs on CPU tensors only (got a tensor on {device})")
     if native.load() is None:
         if device is not None:
-            raise RuntimeError(f"{ENVIRONMENT}=native, but the compiled CPU kernels are unavailable: {native.unavailable_because}")
+            raise RuntimeError(
+                f"{ENVIRONMENT}=native, but the compiled CPU kernels are unavailable: {native.unavailable_because}"
+            )
         return None
     return native.BACKEND
 
@@ -118,11 +134,15 @@ def _triton(device: torch.device | None) -> Backend | None:
     if device is None:
         return _triton_backend(False)
     if device.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"{ENVIRONMENT}=triton runs on CUDA tensors (and CPU ones, interpreted) (got a tensor on {device})")
+        raise RuntimeError(
+            f"{ENVIRONMENT}=triton runs on CUDA tensors (and CPU ones, interpreted) (got a tensor on {device})"
+        )
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401 - imported to learn whether it can be
     except ImportError as error:
-        raise RuntimeError(f"{ENVIRONMENT}=triton, but triton cannot be imported ({error}); pip install triton") from error
+        raise RuntimeError(
+            f"{ENVIRONMENT}=triton, but triton cannot be imported ({error}); pip install triton"
+        ) from error
     loaded = _triton_backend(device.type == "cpu")
     if loaded is None:
         raise RuntimeError(f"{ENVIRONMENT}=triton, but specverify's Triton kernels could not be imported")
@@ -157,13 +177,23 @@ def _ops(tensor: torch.Tensor) -> ModuleType:
     """The ops of the compiled backend for this tensor; raises where the torch reference runs."""
     ops = backend_for(tensor).ops
     if ops is None:
-        raise RuntimeError("no compiled backend runs on this tensor: call the torch reference (see backend_for(t).compiled)")
+        raise RuntimeError(
+            "no compiled backend runs on this tensor: call the torch reference (see backend_for(t).compiled)"
+        )
     return ops
 
 
 def weigh_rows(
-    logits: torch.Tensor, temperature: torch.Tensor, greedy_below: float, top_k: torch.Tensor, top_p: torch.Tensor,
-    min_p: torch.Tensor | None, rtol: float, block: int, out: torch.Tensor, source: torch.Tensor | None = None,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    out: torch.Tensor,
+    source: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (SPEC §2; one-hot at the
     argmax for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
@@ -198,8 +228,14 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
 
 
 def recover_rows(
-    weights: torch.Tensor, weight_sums: torch.Tensor, mass: torch.Tensor, draft_probs: torch.Tensor,
-    draft: torch.Tensor, mode: torch.Tensor, uniforms: torch.Tensor, block: int,
+    weights: torch.Tensor,
+    weight_sums: torch.Tensor,
+    mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft: torch.Tensor,
+    mode: torch.Tensor,
+    uniforms: torch.Tensor,
+    block: int,
 ) -> torch.Tensor:
     """The recovery draw of sampled verification at each drafted position (SPEC §3.2), the residual never
     materialised. weights: float32 [B, P, V] with P >= K (unnormalised p~), weight_sums: float64
@@ -214,7 +250,9 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return _ops(logits).relaxed_rows(logits, draft, k, delta)
 
 
-def verify_rows(draft: torch.Tensor, logits: torch.Tensor, *arguments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_rows(
+    draft: torch.Tensor, logits: torch.Tensor, *arguments
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A whole verifier call for checked arguments, where `backend_for(logits).runs_whole_calls`; the
     arguments and shapes are those of kernels/triton.verify_rows. Returns (first_rejected_idx [B],
     recovered [B, K], bonus [B, 1])."""

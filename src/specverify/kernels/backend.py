@@ -41,7 +41,9 @@ class Backend:
         declared = ROW_OPS + ((WHOLE_CALL_OP,) if self.runs_whole_calls else ())
         missing = [op for op in declared if not callable(getattr(self.ops, op, None))]
         if missing:
-            raise TypeError(f"backend {self.name!r} declares ops its module {self.ops.__name__} lacks: {', '.join(missing)}")
+            raise TypeError(
+                f"backend {self.name!r} declares ops its module {self.ops.__name__} lacks: {', '.join(missing)}"
+            )
 
     @property
     def compiled(self) -> bool:

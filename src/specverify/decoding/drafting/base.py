@@ -58,7 +58,9 @@ def drafter_evidence(drafter: Drafter, contexts: Sequence[Sequence[int]]) -> lis
     if evidence is None:
         return None
     values = list(evidence(contexts))
-    if len(values) != len(contexts) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    if len(values) != len(contexts) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    ):
         raise ValueError(f"the drafter's evidence must be one int >= 0 per row (got {values!r:.80})")
     return values
 

@@ -189,7 +189,9 @@ def calibrate(session: Session, last_tokens: torch.Tensor, max_width: int) -> li
     return costs
 
 
-def stored_calibration(target: LanguageModel, session: Session, last_tokens: torch.Tensor, max_width: int) -> list[float]:
+def stored_calibration(
+    target: LanguageModel, session: Session, last_tokens: torch.Tensor, max_width: int
+) -> list[float]:
     """`calibrate`'s costs, read from the target's cache folder when an earlier process measured them
     (`cost_cache`), else measured and stored there. A target without a `cache_folder` is measured. The
     file is keyed by the target's `engine_key` (a torch model's when it has none: `torch_engine_key`)."""

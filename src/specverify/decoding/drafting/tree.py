@@ -66,7 +66,9 @@ def empty_tree(batch: int, vocab_size: int | None = None, sibling_draws: str = "
     return TreeDraft(none, none.clone(), probs, sibling_draws)
 
 
-def continuation_trie(context: Sequence[int], nodes: int, depth: int, max_ngram: int, min_ngram: int) -> tuple[list[int], list[int]]:
+def continuation_trie(
+    context: Sequence[int], nodes: int, depth: int, max_ngram: int, min_ngram: int
+) -> tuple[list[int], list[int]]:
     """The n-gram trie of one context -> (tokens, parents), at most `nodes` nodes, paths of at most `depth`.
 
     Every earlier occurrence of the longest suffix of context (max_ngram down to min_ngram tokens) that
@@ -153,7 +155,9 @@ class ModelTreeDrafter:
         if isinstance(branching, bool) or not isinstance(branching, int) or branching < 1:
             raise ValueError(f"branching must be an int >= 1 (got {branching!r})")
         if sibling_draws not in SIBLING_DRAWS:
-            raise ValueError(f'sibling_draws must be "with_replacement" or "without_replacement" (got {sibling_draws!r})')
+            raise ValueError(
+                f'sibling_draws must be "with_replacement" or "without_replacement" (got {sibling_draws!r})'
+            )
         self.model, self.branching, self.sibling_draws = model, branching, sibling_draws
         self._session = None
         self._cached: list[list[int]] = []  # what the session holds per row: the context but its last token
@@ -219,11 +223,21 @@ class ModelTreeDrafter:
         return TreeDraft(pad_rows(tokens), pad_rows(parents), probs, self.sibling_draws)
 
     def _draw(
-        self, logits: torch.Tensor, params: RowParams, row: int, seed: torch.Tensor, depth: int, drawn_before: int, count: int
+        self,
+        logits: torch.Tensor,
+        params: RowParams,
+        row: int,
+        seed: torch.Tensor,
+        depth: int,
+        drawn_before: int,
+        count: int,
     ) -> tuple[list[int], torch.Tensor]:
         """Draw up to `count` siblings from one node's q -> (tokens, q float32 [V]). logits: float32 [V], the
         draft's scores after the node; drawn_before: this row's draws at this depth so far (for the keys)."""
-        one = lambda t: None if t is None else t[row : row + 1].to(logits.device)  # noqa: E731
+
+        def one(t):
+            return None if t is None else t[row : row + 1].to(logits.device)
+
         q = specverify.truncated_probs(logits[None], *(one(t) for t in params))[0]
         if float(params.temperature[row]) < 1e-5:
             count = 1  # greedy: the verifier follows the argmax whatever the siblings
@@ -246,7 +260,9 @@ class ModelTreeDrafter:
         if self._session is None or len(self._cached) != len(contexts):
             self._session = self.model.session(len(contexts))
             if not callable(getattr(self._session, "extend_tree", None)):
-                raise TypeError("ModelTreeDrafter needs a model whose sessions score trees (a TreeSession, e.g. HFLanguageModel)")
+                raise TypeError(
+                    "ModelTreeDrafter needs a model whose sessions score trees (a TreeSession, e.g. HFLanguageModel)"
+                )
             self._cached = [[] for _ in contexts]
         keep = [common_prefix(c, h) for c, h in zip(self._cached, heads)]
         self._session.truncate(torch.tensor(keep, dtype=torch.int64))

@@ -158,7 +158,11 @@ def check_engine(path: Path, engine: str, *, f16: bool = False) -> None:
 
 
 def load_model(
-    name: str = DEFAULT_MODEL, *, use_cache: bool = True, engine: str = "transformers", threads: int = 1,
+    name: str = DEFAULT_MODEL,
+    *,
+    use_cache: bool = True,
+    engine: str = "transformers",
+    threads: int = 1,
     f16: bool = False,
 ) -> LoadedModel:
     """ "smollm2" (the embedded default), a .gguf file, or a transformers model folder (see locate_model),
@@ -267,9 +271,23 @@ class Engine:
 ENGINES = {
     engine.name: engine
     for engine in (
-        Engine("transformers", load_transformers, runs_folders=True, converts_f16=False, owns_threads=False,
-               scores_trees=True),
-        Engine("llamacpp", load_llamacpp, runs_folders=False, converts_f16=True, owns_threads=True,
-               scores_trees=False, modules=("llama_cpp",), extra="llamacpp"),
+        Engine(
+            "transformers",
+            load_transformers,
+            runs_folders=True,
+            converts_f16=False,
+            owns_threads=False,
+            scores_trees=True,
+        ),
+        Engine(
+            "llamacpp",
+            load_llamacpp,
+            runs_folders=False,
+            converts_f16=True,
+            owns_threads=True,
+            scores_trees=False,
+            modules=("llama_cpp",),
+            extra="llamacpp",
+        ),
     )
 }

@@ -34,7 +34,9 @@ def tree_nodes(tokens: torch.Tensor, parents: torch.Tensor, has_root: torch.Tens
         raise ValueError(f"tokens must have B = {has_root.shape[0]} rows (got {tokens.shape[0]})")
     earlier = torch.arange(tokens.shape[1], device=tokens.device)
     parents = parents.to(torch.int64)
-    fits = has_root & (tokens >= 0) & (tokens < vocab_size) & ((parents == PAD) | ((parents >= 0) & (parents < earlier)))
+    fits = (
+        has_root & (tokens >= 0) & (tokens < vocab_size) & ((parents == PAD) | ((parents >= 0) & (parents < earlier)))
+    )
     ancestry = tree_ancestry(parents, fits)
     return fits & ~(ancestry & ~fits[:, None, :]).any(-1)
 
@@ -85,7 +87,9 @@ def tree_attention_mask(context: torch.Tensor, ancestry: torch.Tensor, dtype: to
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-def path_slots(path: torch.Tensor, path_length: torch.Tensor, parents: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+def path_slots(
+    path: torch.Tensor, path_length: torch.Tensor, parents: torch.Tensor, present: torch.Tensor
+) -> torch.Tensor:
     """Validate an accepted path and give the node slots' new order: int64 [B, N], a gather index.
 
     path: int [B, N], the accepted nodes from depth 0 down (-1 padded, as `tree_acceptance_sampler` returns);

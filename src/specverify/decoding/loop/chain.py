@@ -75,7 +75,9 @@ def _sample_step(
     device = logits.device
     on = rows.to(device)
     mask = None if mask is None else mask.to(device)
-    drawn = specverify.sample(logits, on.temperature, on.top_k, on.top_p, seeds.to(device), on.min_p, token_bitmask=mask)
+    drawn = specverify.sample(
+        logits, on.temperature, on.top_k, on.top_p, seeds.to(device), on.min_p, token_bitmask=mask
+    )
     return [[t] for t in drawn.tolist()]
 
 
@@ -112,7 +114,11 @@ def _fit_draft(
     width = max(limits, default=0)
     if width == 0:  # no row drafts (most steps where drafts fail): nothing to cut
         none = torch.empty(len(limits), 0, dtype=torch.int64)
-        return none, torch.empty(len(limits), 0, vocab_size) if sampled else None, torch.zeros(len(limits), dtype=torch.int64)
+        return (
+            none,
+            torch.empty(len(limits), 0, vocab_size) if sampled else None,
+            torch.zeros(len(limits), dtype=torch.int64),
+        )
     tokens = draft_tokens[:, :width].to("cpu", torch.int64)
     lengths = torch.minimum(((tokens != PAD).cumprod(1) > 0).sum(1), torch.tensor(limits, dtype=torch.int64))
     probs = None

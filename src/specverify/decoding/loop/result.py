@@ -66,7 +66,9 @@ class GenerationResult:
         """Count one step of the rows still generating: each drafted drafted_lengths[i] tokens and had
         the first first_rejected[i] accepted."""
         if any(drafted_lengths):  # (a plain step has no draft position to count)
-            drafted, accepted = specverify.acceptance_counts(torch.tensor(first_rejected), torch.tensor(drafted_lengths))
+            drafted, accepted = specverify.acceptance_counts(
+                torch.tensor(first_rejected), torch.tensor(drafted_lengths)
+            )
             grow = len(drafted) - len(self.drafted)
             if grow > 0:
                 self.drafted += [0] * grow

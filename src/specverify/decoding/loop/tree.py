@@ -79,7 +79,9 @@ def tree_generate(
     result = GenerationResult(requests.generated)
     session = prefill(target, requests, result)
     if not (callable(getattr(session, "extend_tree", None)) and callable(getattr(session, "keep_path", None))):
-        raise TypeError(f"tree_generate needs a target whose sessions score trees (a TreeSession; got {type(session).__name__})")
+        raise TypeError(
+            f"tree_generate needs a target whose sessions score trees (a TreeSession; got {type(session).__name__})"
+        )
     start = time.perf_counter()
     while any(requests.active):
         seeds = requests.seeds()
@@ -154,7 +156,9 @@ def node_depths(parents: torch.Tensor) -> torch.Tensor:
     return tree_ancestry(parents, linked).sum(-1) - 1
 
 
-def offered_depths(tokens: torch.Tensor, parents: torch.Tensor, path: torch.Tensor, path_length: torch.Tensor) -> list[int]:
+def offered_depths(
+    tokens: torch.Tensor, parents: torch.Tensor, path: torch.Tensor, path_length: torch.Tensor
+) -> list[int]:
     """Per row, the depths at which the walk was offered a node: the path's length, plus one when the node
     it stopped at (the root for an empty path) had children. tokens, parents, path: int64 [B, N]; path_length [B]."""
     if tokens.shape[1] == 0:
@@ -162,4 +166,3 @@ def offered_depths(tokens: torch.Tensor, parents: torch.Tensor, path: torch.Tens
     last = torch.where(path_length > 0, path.gather(1, (path_length - 1).clamp_min(0)[:, None])[:, 0], PAD)
     has_children = ((tokens != PAD) & (parents == last[:, None])).any(1)
     return (path_length + has_children.long()).tolist()
-

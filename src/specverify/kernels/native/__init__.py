@@ -40,8 +40,6 @@ FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-ffp-contract=fast",
 MIN_ROWS_PER_THREAD = 4
 
 
-
-
 def torch_openmp_runtime() -> Path | None:
     """The GNU OpenMP runtime this process has loaded for torch (Linux), or None."""
     try:
@@ -97,7 +95,7 @@ def _open(openmp: Path | None) -> ctypes.CDLL:
 unavailable_because: str | None = None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be built (callers fall back to torch). A failure is
     reported once per process by a warning naming the cause and the fix."""
@@ -128,16 +126,46 @@ def load() -> ctypes.CDLL | None:
             return None
     library.specverify_threads_itself = threaded
     pointer, i32, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
-    library.weigh_rows.argtypes = [pointer, i32, pointer, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, pointer]
+    library.weigh_rows.argtypes = [
+        pointer,
+        i32,
+        pointer,
+        i64,
+        i64,
+        pointer,
+        f32,
+        pointer,
+        pointer,
+        pointer,
+        f64,
+        i64,
+        pointer,
+        pointer,
+    ]
     library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
     library.scan_rows.argtypes = [pointer, i32, i64, i64, pointer, pointer]
     library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
     library.relaxed_rows.argtypes = [pointer, i32, pointer, i64, i64, i64, i64, i64, f64, pointer, pointer]
-    library.recover_rows.argtypes = [pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, i64, i64, i64, i64, i64, pointer]
+    library.recover_rows.argtypes = [
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+        i32,
+        pointer,
+        pointer,
+        pointer,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        pointer,
+    ]
     return library
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specverify")
 
@@ -202,12 +230,20 @@ def weigh_rows(
 
     def run(start: int, stop: int) -> None:
         library.weigh_rows(
-            logits.data_ptr() + (0 if source is not None else start * vocab * width), dtype,
-            None if source is None else source.data_ptr() + start * 8, stop - start, vocab,
-            temperature.data_ptr() + start * 4, greedy_below,
-            top_k.data_ptr() + start * 8, top_p.data_ptr() + start * 4,
+            logits.data_ptr() + (0 if source is not None else start * vocab * width),
+            dtype,
+            None if source is None else source.data_ptr() + start * 8,
+            stop - start,
+            vocab,
+            temperature.data_ptr() + start * 4,
+            greedy_below,
+            top_k.data_ptr() + start * 8,
+            top_p.data_ptr() + start * 4,
             None if min_p is None else min_p.data_ptr() + start * 4,
-            rtol, block, out.data_ptr() + start * vocab * 4, sums.data_ptr() + start * blocks * 8,
+            rtol,
+            block,
+            out.data_ptr() + start * vocab * 4,
+            sums.data_ptr() + start * blocks * 8,
         )
 
     _split_rows(rows, run)
@@ -221,8 +257,12 @@ def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     width = values.element_size()
     out = torch.empty(rows, dtype=torch.int64)
     library = load()
-    _split_rows(rows, lambda a, b: library.argmax_rows(
-        values.data_ptr() + a * vocab * width, dtype, b - a, vocab, out.data_ptr() + a * 8))
+    _split_rows(
+        rows,
+        lambda a, b: library.argmax_rows(
+            values.data_ptr() + a * vocab * width, dtype, b - a, vocab, out.data_ptr() + a * 8
+        ),
+    )
     return out
 
 
@@ -235,9 +275,17 @@ def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch
     in_use = None if in_use is None else in_use.to(torch.uint8).contiguous()
     out = torch.empty(rows, dtype=torch.uint8)
     library = load()
-    _split_rows(rows, lambda a, b: library.scan_rows(
-        values.data_ptr() + a * vocab * width, dtype, b - a, vocab, None if in_use is None else in_use.data_ptr() + a,
-        out.data_ptr() + a))
+    _split_rows(
+        rows,
+        lambda a, b: library.scan_rows(
+            values.data_ptr() + a * vocab * width,
+            dtype,
+            b - a,
+            vocab,
+            None if in_use is None else in_use.data_ptr() + a,
+            out.data_ptr() + a,
+        ),
+    )
     return out
 
 
@@ -249,9 +297,18 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
     blocks = sums.shape[1]
     out = torch.empty(rows, dtype=torch.int64)
     library = load()
-    _split_rows(rows, lambda a, b: library.sample_rows(
-        weights.data_ptr() + a * vocab * 4, b - a, vocab, sums.data_ptr() + a * blocks * 8, block,
-        uniforms.data_ptr() + a * 8, out.data_ptr() + a * 8))
+    _split_rows(
+        rows,
+        lambda a, b: library.sample_rows(
+            weights.data_ptr() + a * vocab * 4,
+            b - a,
+            vocab,
+            sums.data_ptr() + a * blocks * 8,
+            block,
+            uniforms.data_ptr() + a * 8,
+            out.data_ptr() + a * 8,
+        ),
+    )
     return out
 
 
@@ -260,8 +317,14 @@ FROM_TARGET, FROM_RESIDUAL, WITHOUT_DRAFT = 0, 1, 2
 
 
 def recover_rows(
-    weights: torch.Tensor, weight_sums: torch.Tensor, mass: torch.Tensor, draft_probs: torch.Tensor,
-    draft: torch.Tensor, mode: torch.Tensor, uniforms: torch.Tensor, block: int,
+    weights: torch.Tensor,
+    weight_sums: torch.Tensor,
+    mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft: torch.Tensor,
+    mode: torch.Tensor,
+    uniforms: torch.Tensor,
+    block: int,
 ) -> torch.Tensor:
     """The recovery draw of sampled verification at each drafted position, the residual never materialised.
 
@@ -283,11 +346,20 @@ def recover_rows(
     def run(a: int, b: int) -> None:
         first = a * positions
         library.recover_rows(
-            weights.data_ptr() + a * weight_positions * vocab * 4, weight_sums.data_ptr() + a * weight_positions * blocks * 8,
-            mass.data_ptr() + first * 8, draft_probs.data_ptr() + first * vocab * width, draft_dtype,
+            weights.data_ptr() + a * weight_positions * vocab * 4,
+            weight_sums.data_ptr() + a * weight_positions * blocks * 8,
+            mass.data_ptr() + first * 8,
+            draft_probs.data_ptr() + first * vocab * width,
+            draft_dtype,
             draft.data_ptr() + first * 8,
-            mode.data_ptr() + first * 4, uniforms.data_ptr() + first * 8, b - a, positions, weight_positions, vocab,
-            block, out.data_ptr() + first * 8,
+            mode.data_ptr() + first * 4,
+            uniforms.data_ptr() + first * 8,
+            b - a,
+            positions,
+            weight_positions,
+            vocab,
+            block,
+            out.data_ptr() + first * 8,
         )
 
     _split_rows(requests, run)
@@ -312,8 +384,17 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     def run(a: int, b: int) -> None:
         first = a * positions
         library.relaxed_rows(
-            logits.data_ptr() + a * logit_positions * vocab * width, dtype, draft.data_ptr() + first * 8, b - a,
-            positions, logit_positions, vocab, k, delta, accepted.data_ptr() + first, top1.data_ptr() + first * 8,
+            logits.data_ptr() + a * logit_positions * vocab * width,
+            dtype,
+            draft.data_ptr() + first * 8,
+            b - a,
+            positions,
+            logit_positions,
+            vocab,
+            k,
+            delta,
+            accepted.data_ptr() + first,
+            top1.data_ptr() + first * 8,
         )
 
     _split_rows(requests, run)

@@ -43,8 +43,14 @@ def launch_shape(rows: int, vocab: int, device: torch.device, block: int | None 
         search = tile
     else:  # the searches' [ROWS, SEARCH, 16] tiles bound the rows per program
         search = max(16, min(tile, GPU_SEARCH_ELEMENTS // jit.RADIX.value))
-        per_program = max(1, min(_next_power_of_two(max(rows, 1)), GPU_TILE_ELEMENTS // tile,
-                                 GPU_SEARCH_ELEMENTS // (search * jit.RADIX.value)))
+        per_program = max(
+            1,
+            min(
+                _next_power_of_two(max(rows, 1)),
+                GPU_TILE_ELEMENTS // tile,
+                GPU_SEARCH_ELEMENTS // (search * jit.RADIX.value),
+            ),
+        )
     shape = dict(ROWS=per_program, TILE=tile, SEARCH=search)
     if not interpreted:
         shape["num_warps"] = 8 if per_program * tile >= 1024 else 4
@@ -63,8 +69,17 @@ def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, blo
     """kernels.weigh_rows on the GPU (see there). With `source` the rows are gathered first (a copy that
     costs microseconds on a GPU) and skipped rows weigh row 0, their sums zeroed."""
     if source is not None:
-        sums = weigh_rows(logits.index_select(0, source.clamp(min=0)), temperature, greedy_below, top_k, top_p,
-                          min_p, rtol, block, out)  # fmt: skip
+        sums = weigh_rows(
+            logits.index_select(0, source.clamp(min=0)),
+            temperature,
+            greedy_below,
+            top_k,
+            top_p,
+            min_p,
+            rtol,
+            block,
+            out,
+        )
         return sums.masked_fill_((source < 0)[:, None], 0.0)
     rows, vocab = logits.shape
     logits = logits.contiguous()
@@ -72,9 +87,21 @@ def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, blo
     sums = torch.empty(rows, blocks, dtype=torch.float64, device=logits.device)
     shape = launch_shape(rows, vocab, logits.device, block)
     jit.weigh_kernel[_grid(rows, shape)](
-        logits, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(),
-        top_p if min_p is None else min_p.contiguous(), out, sums, rows, vocab, blocks, greedy_below, rtol,
-        HAS_MIN_P=min_p is not None, ONE_BLOCK=block >= vocab, BLOCK=block,
+        logits,
+        temperature.contiguous(),
+        top_k.contiguous(),
+        top_p.contiguous(),
+        top_p if min_p is None else min_p.contiguous(),
+        out,
+        sums,
+        rows,
+        vocab,
+        blocks,
+        greedy_below,
+        rtol,
+        HAS_MIN_P=min_p is not None,
+        ONE_BLOCK=block >= vocab,
+        BLOCK=block,
         **shape,
     )
     return sums
@@ -93,7 +120,11 @@ def scan_rows(values, in_use=None):
     """kernels.scan_rows on the GPU (see there)."""
     rows, vocab = values.shape
     out = torch.empty(rows, dtype=torch.uint8, device=values.device)
-    use = torch.ones(rows, dtype=torch.int8, device=values.device) if in_use is None else in_use.to(torch.int8).contiguous()
+    use = (
+        torch.ones(rows, dtype=torch.int8, device=values.device)
+        if in_use is None
+        else in_use.to(torch.int8).contiguous()
+    )
     shape = _without_search(launch_shape(rows, vocab, values.device))
     jit.scan_kernel[_grid(rows, shape)](values.contiguous(), use, out, rows, vocab, **shape)
     return out
@@ -124,8 +155,19 @@ def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms,
     use_q = (mode == FROM_RESIDUAL).to(torch.int8).contiguous()
     excluded = torch.where(mode == WITHOUT_DRAFT, draft.to(torch.int64), -1).contiguous()
     jit.draw_kernel[_grid(rows, shape)](
-        weights.contiguous(), uniforms.to(torch.float64).contiguous(), out, draft_probs.contiguous(), scale, use_q,
-        excluded, weights.shape[1], rows, vocab, positions, RECOVERY=True, **shape,
+        weights.contiguous(),
+        uniforms.to(torch.float64).contiguous(),
+        out,
+        draft_probs.contiguous(),
+        scale,
+        use_q,
+        excluded,
+        weights.shape[1],
+        rows,
+        vocab,
+        positions,
+        RECOVERY=True,
+        **shape,
     )
     return out
 
@@ -138,17 +180,37 @@ def relaxed_rows(logits, draft, k, delta):
     top1 = torch.empty(requests, positions, dtype=torch.int64, device=logits.device)
     shape = _without_search(launch_shape(rows, logits.shape[-1], logits.device))
     jit.relaxed_kernel[_grid(rows, shape)](
-        logits.contiguous(), draft.to(torch.int64).contiguous(), accepted, top1, rows, logits.shape[-1], positions,
-        logits.shape[1], k, delta, **shape,
+        logits.contiguous(),
+        draft.to(torch.int64).contiguous(),
+        accepted,
+        top1,
+        rows,
+        logits.shape[-1],
+        positions,
+        logits.shape[1],
+        k,
+        delta,
+        **shape,
     )
     return accepted.bool(), top1
 
 
 def verify_rows(
-    draft: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
-    top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None, seed: torch.Tensor, shared_seed: bool,
-    thinking: torch.Tensor | None, relaxed_topk: int | None, relaxed_delta: float | None,
-    draft_probs: torch.Tensor | None, greedy_below: float, rtol: float,
+    draft: torch.Tensor,
+    logits: torch.Tensor,
+    bitmask: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seed: torch.Tensor,
+    shared_seed: bool,
+    thinking: torch.Tensor | None,
+    relaxed_topk: int | None,
+    relaxed_delta: float | None,
+    draft_probs: torch.Tensor | None,
+    greedy_below: float,
+    rtol: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A whole verifier call (SPEC §1-§5) for checked arguments: two launches (the fill of first_rejected
     and one kernel), no host read.
@@ -173,15 +235,33 @@ def verify_rows(
     words = bitmask.shape[-1] if bitmask is not None else 0
     relaxed = thinking is not None and relaxed_topk is not None
     jit.verify_kernel[_grid(rows, shape)](
-        logits, logits if bitmask is None else bitmask.contiguous(), temperature.contiguous(), top_k.contiguous(),
-        top_p.contiguous(), top_p if min_p is None else min_p.contiguous(), seed.contiguous(), draft.contiguous(),
+        logits,
+        logits if bitmask is None else bitmask.contiguous(),
+        temperature.contiguous(),
+        top_k.contiguous(),
+        top_p.contiguous(),
+        top_p if min_p is None else min_p.contiguous(),
+        seed.contiguous(),
+        draft.contiguous(),
         thinking.contiguous().view(torch.int8) if relaxed else first,
         draft_probs.contiguous() if draft_probs is not None else logits,
-        first, recovered, bonus,
-        batch, positions, vocab, words, greedy_below, rtol,
-        relaxed_topk if relaxed else 1, float(relaxed_delta) if relaxed else 0.0,
-        HAS_MASK=bitmask is not None, HAS_MIN_P=min_p is not None, SHARED_SEED=shared_seed,
-        HAS_RELAXED=relaxed, SAMPLED=draft_probs is not None, **shape,
+        first,
+        recovered,
+        bonus,
+        batch,
+        positions,
+        vocab,
+        words,
+        greedy_below,
+        rtol,
+        relaxed_topk if relaxed else 1,
+        float(relaxed_delta) if relaxed else 0.0,
+        HAS_MASK=bitmask is not None,
+        HAS_MIN_P=min_p is not None,
+        SHARED_SEED=shared_seed,
+        HAS_RELAXED=relaxed,
+        SAMPLED=draft_probs is not None,
+        **shape,
     )
     return first, recovered, bonus
 

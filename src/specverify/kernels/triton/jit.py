@@ -106,8 +106,23 @@ def order_bits(w, inside):
 
 
 @triton.jit
-def search_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, floor, target, active,
-                     WEIGHTED: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr, SEARCH: tl.constexpr):
+def search_threshold(
+    x_ptr,
+    row,
+    valid,
+    V,
+    m_ptr,
+    W,
+    top,
+    inverse,
+    floor,
+    target,
+    active,
+    WEIGHTED: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    SEARCH: tl.constexpr,
+):
     """The largest bit pattern t such that the tail {w >= t, w >= floor} reaches the target: its count
     (WEIGHTED False) or its mass (True), in float64. floor: int64 bits [R]; target: float64 [R]; rows not
     active are not searched. Returns int64 bits [R]; 0 where even the whole row falls short (keep all).
@@ -143,13 +158,45 @@ def search_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, floor, target
 
 
 @triton.jit
-def kept_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, top_k, top_p, min_p, rtol, active,
-                   HAS_MASK: tl.constexpr, HAS_MIN_P: tl.constexpr, ROWS: tl.constexpr, SEARCH: tl.constexpr):
+def kept_threshold(
+    x_ptr,
+    row,
+    valid,
+    V,
+    m_ptr,
+    W,
+    top,
+    inverse,
+    top_k,
+    top_p,
+    min_p,
+    rtol,
+    active,
+    HAS_MASK: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    ROWS: tl.constexpr,
+    SEARCH: tl.constexpr,
+):
     """The kept set's threshold as int64 bits [R] (SPEC §2 steps 3-5): the k-th largest weight, the
     nucleus on the top-k-renormalised row (its target top_p * mass * (1 - rtol)), min_p * (1 - rtol)."""
     limited = active & (top_k > 0) & (top_k < V)
-    kth = search_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, tl.zeros([ROWS], tl.int64),
-                           top_k.to(tl.float64), limited, False, HAS_MASK, ROWS, SEARCH)
+    kth = search_threshold(
+        x_ptr,
+        row,
+        valid,
+        V,
+        m_ptr,
+        W,
+        top,
+        inverse,
+        tl.zeros([ROWS], tl.int64),
+        top_k.to(tl.float64),
+        limited,
+        False,
+        HAS_MASK,
+        ROWS,
+        SEARCH,
+    )
     nucleus = active & (top_p < 1.0)
     mass = tl.zeros([ROWS], tl.float64)
     if tl.max(nucleus.to(tl.int32), axis=0) > 0:
@@ -159,8 +206,12 @@ def kept_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, top_k, top_p, m
             w = weights_of(x, top, inverse)
             mass += tl.sum(tl.where(order_bits(w, inside) >= kth[:, None], w, 0.0).to(tl.float64), axis=1)
     target = top_p.to(tl.float64) * mass * (1.0 - rtol)
-    threshold = tl.maximum(kth, search_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, kth, target, nucleus,
-                                                 True, HAS_MASK, ROWS, SEARCH))
+    threshold = tl.maximum(
+        kth,
+        search_threshold(
+            x_ptr, row, valid, V, m_ptr, W, top, inverse, kth, target, nucleus, True, HAS_MASK, ROWS, SEARCH
+        ),
+    )
     if HAS_MIN_P:
         ratio = min_p * (1.0 - rtol)
         threshold = tl.maximum(threshold, ratio.to(tl.int32, bitcast=True).to(tl.int64))
@@ -201,8 +252,22 @@ def residual_terms(kept, q, scale, cols, use_q, excluded):
 
 
 @triton.jit
-def relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, top, k, delta, active,
-                  HAS_MASK: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr):
+def relaxed_judge(
+    x_ptr,
+    row,
+    valid,
+    V,
+    m_ptr,
+    W,
+    draft,
+    top,
+    k,
+    delta,
+    active,
+    HAS_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """SPEC §3.4 on softmax(masked logits): the draft is among the k most likely (ranked by logit, ties to
     the lower id), has p > 0 and p >= p(top-1) - delta. top: the largest logit [R] -> bool [R]."""
     at_draft = load_logit_at(x_ptr, row, draft, valid & active, V, m_ptr, W, HAS_MASK)
@@ -217,12 +282,26 @@ def relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, top, k, delta, active,
             rank += tl.sum(tl.where(ahead & inside, 1, 0), axis=1).to(tl.int64)
             total += tl.sum(tl.where(inside, tl.exp(x - top[:, None]), 0.0).to(tl.float64), axis=1)
     p_draft = tl.exp(at_draft - top).to(tl.float64) / tl.where(total > 0, total, 1.0)
-    return active & (draft >= 0) & (p_draft > 0) & (rank < k) & (p_draft >= 1.0 / tl.where(total > 0, total, 1.0) - delta)
+    return (
+        active & (draft >= 0) & (p_draft > 0) & (rank < k) & (p_draft >= 1.0 / tl.where(total > 0, total, 1.0) - delta)
+    )
 
 
 @triton.jit
-def _row_setup(x_ptr, row, valid, V, m_ptr, W, t_ptr, param_row, greedy_below,
-               HAS_MASK: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr):
+def _row_setup(
+    x_ptr,
+    row,
+    valid,
+    V,
+    m_ptr,
+    W,
+    t_ptr,
+    param_row,
+    greedy_below,
+    HAS_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """Pass 1 of a row: its argmax and the constants of its weights -> (best, top, inverse, greedy)."""
     largest, best = row_max_argmax(x_ptr, row, valid, V, m_ptr, W, HAS_MASK, ROWS, TILE)
     top = tl.where((largest == largest) & (tl.abs(largest) < float("inf")), largest, 0.0)
@@ -233,21 +312,57 @@ def _row_setup(x_ptr, row, valid, V, m_ptr, W, t_ptr, param_row, greedy_below,
 
 
 @triton.jit
-def weigh_kernel(x_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, out_ptr, sums_ptr, rows, V, blocks, greedy_below, rtol,
-                 HAS_MIN_P: tl.constexpr, ONE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                 ROWS: tl.constexpr, TILE: tl.constexpr, SEARCH: tl.constexpr):
+def weigh_kernel(
+    x_ptr,
+    t_ptr,
+    k_ptr,
+    p_ptr,
+    mp_ptr,
+    out_ptr,
+    sums_ptr,
+    rows,
+    V,
+    blocks,
+    greedy_below,
+    rtol,
+    HAS_MIN_P: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    SEARCH: tl.constexpr,
+):
     """Truncated weights [rows, V] float32 and their block sums [rows, blocks] float64 (kernels.weigh_rows).
     ONE_BLOCK: V <= BLOCK, one sum per row; else TILE is a multiple of BLOCK."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     valid = row < rows
-    largest, best, top, inverse, greedy = _row_setup(x_ptr, row, valid, V, x_ptr, 0, t_ptr, row, greedy_below, False, ROWS, TILE)
+    largest, best, top, inverse, greedy = _row_setup(
+        x_ptr, row, valid, V, x_ptr, 0, t_ptr, row, greedy_below, False, ROWS, TILE
+    )
     top_k = tl.load(k_ptr + row, mask=valid, other=0).to(tl.int64)
     top_p = tl.load(p_ptr + row, mask=valid, other=1.0).to(tl.float32)
     min_p = tl.zeros([ROWS], tl.float32)
     if HAS_MIN_P:
         min_p = tl.load(mp_ptr + row, mask=valid, other=0.0).to(tl.float32)
-    threshold = kept_threshold(x_ptr, row, valid, V, x_ptr, 0, top, inverse, top_k, top_p, min_p, rtol, valid & ~greedy,
-                               False, HAS_MIN_P, ROWS, SEARCH)
+    threshold = kept_threshold(
+        x_ptr,
+        row,
+        valid,
+        V,
+        x_ptr,
+        0,
+        top,
+        inverse,
+        top_k,
+        top_p,
+        min_p,
+        rtol,
+        valid & ~greedy,
+        False,
+        HAS_MIN_P,
+        ROWS,
+        SEARCH,
+    )
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
         kept = kept_weights(x_ptr, row, cols, valid, V, x_ptr, 0, top, inverse, threshold, greedy, best, False)
@@ -258,7 +373,11 @@ def weigh_kernel(x_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, out_ptr, sums_ptr, rows, V,
         else:
             per_block = tl.sum(tl.reshape(kept.to(tl.float64), [ROWS, TILE // BLOCK, BLOCK]), axis=2)
             block = start // BLOCK + tl.arange(0, TILE // BLOCK).to(tl.int64)
-            tl.store(sums_ptr + row[:, None] * blocks + block[None, :], per_block, mask=valid[:, None] & (block[None, :] < blocks))
+            tl.store(
+                sums_ptr + row[:, None] * blocks + block[None, :],
+                per_block,
+                mask=valid[:, None] & (block[None, :] < blocks),
+            )
 
 
 @triton.jit
@@ -300,8 +419,22 @@ def _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, ex
 
 
 @triton.jit
-def draw_kernel(w_ptr, u_ptr, out_ptr, q_ptr, scale_ptr, use_q_ptr, excluded_ptr, weight_rows, rows, V, positions,
-                RECOVERY: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr):
+def draw_kernel(
+    w_ptr,
+    u_ptr,
+    out_ptr,
+    q_ptr,
+    scale_ptr,
+    use_q_ptr,
+    excluded_ptr,
+    weight_rows,
+    rows,
+    V,
+    positions,
+    RECOVERY: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """Inverse-CDF draws from given weights [.., V] float32 (kernels.sample_rows), or (RECOVERY) the recovery
     draw of sampled mode (kernels.recover_rows): row r = (request, position) reads weight row
     (r // positions) * weight_rows + r % positions, draft probabilities q [rows, V], and per row the
@@ -341,8 +474,20 @@ def draw_kernel(w_ptr, u_ptr, out_ptr, q_ptr, scale_ptr, use_q_ptr, excluded_ptr
 
 
 @triton.jit
-def relaxed_kernel(x_ptr, d_ptr, accepted_ptr, top1_ptr, rows, V, positions, logit_positions, k, delta,
-                   ROWS: tl.constexpr, TILE: tl.constexpr):
+def relaxed_kernel(
+    x_ptr,
+    d_ptr,
+    accepted_ptr,
+    top1_ptr,
+    rows,
+    V,
+    positions,
+    logit_positions,
+    k,
+    delta,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """The relaxed rule at each drafted position (kernels.relaxed_rows): row r = (request, position) reads
     logit row (r // positions) * logit_positions + r % positions."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
@@ -356,12 +501,37 @@ def relaxed_kernel(x_ptr, d_ptr, accepted_ptr, top1_ptr, rows, V, positions, log
 
 
 @triton.jit
-def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, think_ptr, q_ptr,
-                  first_ptr, recovered_ptr, bonus_ptr,
-                  batch, K, V, W, greedy_below, rtol, relaxed_k, relaxed_delta,
-                  HAS_MASK: tl.constexpr, HAS_MIN_P: tl.constexpr, SHARED_SEED: tl.constexpr,
-                  HAS_RELAXED: tl.constexpr, SAMPLED: tl.constexpr,
-                  ROWS: tl.constexpr, TILE: tl.constexpr, SEARCH: tl.constexpr):
+def verify_kernel(
+    x_ptr,
+    m_ptr,
+    t_ptr,
+    k_ptr,
+    p_ptr,
+    mp_ptr,
+    seed_ptr,
+    d_ptr,
+    think_ptr,
+    q_ptr,
+    first_ptr,
+    recovered_ptr,
+    bonus_ptr,
+    batch,
+    K,
+    V,
+    W,
+    greedy_below,
+    rtol,
+    relaxed_k,
+    relaxed_delta,
+    HAS_MASK: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    SHARED_SEED: tl.constexpr,
+    HAS_RELAXED: tl.constexpr,
+    SAMPLED: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    SEARCH: tl.constexpr,
+):
     """A whole verifier call (SPEC §1-§5), one row per (request b, position j <= K), for checked arguments:
     logits [B*(K+1), V] (any float dtype, read as it is), grammar words [B*(K+1), W], per-request
     parameters [B], seeds ([B], or one shared: row b uses s + b * ROW_STRIDE), drafts [B, K] (ids outside
@@ -390,7 +560,9 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
         seed = tl.load(seed_ptr + b, mask=valid, other=0).to(tl.uint64, bitcast=True)
     key = seed + j.to(tl.uint64)
 
-    largest, best, top, inverse, greedy = _row_setup(x_ptr, row, valid, V, m_ptr, W, t_ptr, b, greedy_below, HAS_MASK, ROWS, TILE)
+    largest, best, top, inverse, greedy = _row_setup(
+        x_ptr, row, valid, V, m_ptr, W, t_ptr, b, greedy_below, HAS_MASK, ROWS, TILE
+    )
     relaxed = row < 0
     if HAS_RELAXED:
         relaxed = drafted & ~greedy & (tl.load(think_ptr + b, mask=valid, other=0) != 0)
@@ -400,13 +572,32 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
     min_p = tl.zeros([ROWS], tl.float32)
     if HAS_MIN_P:
         min_p = tl.load(mp_ptr + b, mask=valid, other=0.0).to(tl.float32)
-    threshold = kept_threshold(x_ptr, row, valid, V, m_ptr, W, top, inverse, top_k, top_p, min_p, rtol, sampled_rows,
-                               HAS_MASK, HAS_MIN_P, ROWS, SEARCH)
+    threshold = kept_threshold(
+        x_ptr,
+        row,
+        valid,
+        V,
+        m_ptr,
+        W,
+        top,
+        inverse,
+        top_k,
+        top_p,
+        min_p,
+        rtol,
+        sampled_rows,
+        HAS_MASK,
+        HAS_MIN_P,
+        ROWS,
+        SEARCH,
+    )
     mass = tl.zeros([ROWS], tl.float64)
     if tl.max(sampled_rows.to(tl.int32), axis=0) > 0:
         for start in range(0, V, TILE):
             cols = start + tl.arange(0, TILE).to(tl.int64)
-            kept = kept_weights(x_ptr, row, cols, valid & sampled_rows, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK)
+            kept = kept_weights(
+                x_ptr, row, cols, valid & sampled_rows, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK
+            )
             mass += tl.sum(kept.to(tl.float64), axis=1)
 
     # what each row draws from: p~ with the target stream, or (sampled drafts) the recovery
@@ -424,7 +615,11 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
         w_draft = tl.where(order_bits(w_draft, judged) >= threshold, w_draft, 0.0)
         p_draft = tl.div_rn(w_draft, tl.where(judged, mass, 1.0).to(tl.float32)).to(tl.float64)
         present = judged & (draft >= 0)
-        q_draft = tl.load(q_ptr + q_row * V + tl.where(present, draft, 0), mask=present, other=0.0).to(tl.float32).to(tl.float64)
+        q_draft = (
+            tl.load(q_ptr + q_row * V + tl.where(present, draft, 0), mask=present, other=0.0)
+            .to(tl.float32)
+            .to(tl.float64)
+        )
         blind = q_draft <= 0
         coin = keyed_uniform(key, STREAM_ACCEPT)
         accepted = present & ~(coin * tl.where(blind, 1.0, q_draft) >= p_draft)
@@ -437,8 +632,12 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
         if tl.max(judged.to(tl.int32), axis=0) > 0:
             for start in range(0, V, TILE):
                 cols = start + tl.arange(0, TILE).to(tl.int64)
-                kept = kept_weights(x_ptr, row, cols, valid & judged, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK)
-                q = tl.load(q_ptr + q_row[:, None] * V + cols[None, :], mask=judged[:, None] & (cols[None, :] < V), other=0.0).to(tl.float32)
+                kept = kept_weights(
+                    x_ptr, row, cols, valid & judged, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK
+                )
+                q = tl.load(
+                    q_ptr + q_row[:, None] * V + cols[None, :], mask=judged[:, None] & (cols[None, :] < V), other=0.0
+                ).to(tl.float32)
                 residual += tl.sum(residual_terms(kept, q, scale, cols, use_q, excluded).to(tl.float64), axis=1)
                 without += tl.sum(tl.where(cols[None, :] == excluded[:, None], 0.0, kept).to(tl.float64), axis=1)
         use_q = use_q & (residual > 0)
@@ -453,9 +652,15 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
     if tl.max(sampled_rows.to(tl.int32), axis=0) > 0:
         for start in range(0, V, TILE):
             cols = start + tl.arange(0, TILE).to(tl.int64)
-            kept = kept_weights(x_ptr, row, cols, valid & sampled_rows, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK)
+            kept = kept_weights(
+                x_ptr, row, cols, valid & sampled_rows, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK
+            )
             if SAMPLED:
-                q = tl.load(q_ptr + q_row[:, None] * V + cols[None, :], mask=(sampled_rows & (j < K))[:, None] & (cols[None, :] < V), other=0.0).to(tl.float32)
+                q = tl.load(
+                    q_ptr + q_row[:, None] * V + cols[None, :],
+                    mask=(sampled_rows & (j < K))[:, None] & (cols[None, :] < V),
+                    other=0.0,
+                ).to(tl.float32)
                 kept = residual_terms(kept, q, scale, cols, use_q, excluded)
             before, token, found, last = walk_tile(kept, cols, target, before, token, found, last)
     drawn = tl.where(found, token, tl.maximum(last, 0))
@@ -468,8 +673,9 @@ def verify_kernel(x_ptr, m_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, d_ptr, th
     committed = tl.where(greedy, best, committed)
     accepted = tl.where(greedy, (draft >= 0) & (draft == best), accepted)
     if HAS_RELAXED:
-        judged = relaxed_judge(x_ptr, row, valid, V, m_ptr, W, draft, largest, relaxed_k, relaxed_delta, relaxed,
-                               HAS_MASK, ROWS, TILE)
+        judged = relaxed_judge(
+            x_ptr, row, valid, V, m_ptr, W, draft, largest, relaxed_k, relaxed_delta, relaxed, HAS_MASK, ROWS, TILE
+        )
         committed = tl.where(relaxed, tl.where(judged, draft, best), committed)
         accepted = tl.where(relaxed, judged, accepted)
 

@@ -1,5 +1,6 @@
-"""The facts every room shares, once: the pad id, the per-row seed stride, the mode names and the cache
-folder. Everything here is part of the behaviour contract (docs/spec.md) or of the machine's layout; no
+"""The facts every room shares, once: the pad id, the per-row seed stride, the mode names, the cache folder.
+
+Everything here is part of the behaviour contract (docs/spec.md) or of the machine's layout; no
 room defines its own copy."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""PNG figures of an audit (matplotlib's object API; nothing global is touched):
+"""PNG figures of an audit (matplotlib's object API; nothing global is touched).
+
 - committed_<scenario>.png: per position, the exact committed law (bars) and the observed frequencies
   (dots, ±2 standard errors); relaxed scenarios also show p~ (crosses), what they diverge from;
 - acceptance.png: per scenario, P(draft j accepted | j reached), observed (95% interval) vs exact;

@@ -1,5 +1,6 @@
-"""The timing section of the device check: what a verifier call costs on the candidate, side by side with
-one read of the same logits (`torch.amax`, the floor of a memory-bound call) and `torch.softmax`, timed by
+"""The timing section of the device check: what a verifier call costs on the candidate.
+
+Side by side with one read of the same logits (`torch.amax`, the floor of a memory-bound call) and `torch.softmax`, timed by
 `specverify.bench` (min and median over repeats)."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Running a batch of `Request`s on a loaded model: every request a row of one speculative loop (ragged
-drafts, its own sampling parameters, seed, budget and grammar), then, when asked, the same batch with
-plain decoding for comparison.
+"""A batch of `Request`s on a loaded model: every request a row of one speculative loop, then, when asked,
+the same batch with plain decoding for comparison.
+
+Each row has its own sampling parameters, seed, budget and grammar (ragged drafts).
 
 Row b is keyed by its request's own seed (SPEC §4: the verifier's per-request seed s_b + n), so a request's
 output is the one it gets alone with the same seed, whatever else is in the batch.

@@ -1,5 +1,6 @@
-"""`specverify generate`: the arguments and the run. The flags are checked before anything loads
-(`settings`), then the models named are loaded (`engines.loading`) with the drafter named
+"""`specverify generate`: the arguments and the run.
+
+The flags are checked before anything loads (`settings`), then the models named are loaded (`engines.loading`) with the drafter named
 (`drafting.registry`), the requests decoded as one batch (`batch`) and the result shown (`report`)."""
 
 from __future__ import annotations

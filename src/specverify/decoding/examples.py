@@ -1,6 +1,7 @@
-"""Built-in prompts for the demo and for measuring: copy-heavy ones (where prompt lookup drafts well), an
-open chat one (where it cannot), and two JSON ones for --json-schema examples/person.schema.json: an
-extraction (the answer rewords the prompt) and a copy."""
+"""Built-in prompts for the demo and for measuring (`generate --example NAME`).
+
+Copy-heavy ones (where prompt lookup drafts well), an open chat one (where it cannot), and two JSON ones
+for --json-schema examples/person.schema.json: an extraction (the answer rewords the prompt) and a copy."""
 
 EXAMPLES = {
     "copy": (

@@ -12,7 +12,9 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..bitmask import pack_bitmask
 from .verifier import Verifier
 
 
@@ -61,3 +63,16 @@ def row_problems(bad: np.ndarray, what: str) -> list[str]:
     if not bad.any():
         return []
     return [f"{what} in {int(bad.sum())} rows (first: row {int(np.flatnonzero(bad)[0])})"]
+
+
+def min_p_and_mask(min_p: float, allowed: np.ndarray | None, rows: int, device: str) -> dict[str, torch.Tensor]:
+    """The optional arguments every scenario kind passes the same way: min_p float32 [rows] where it is on
+    (> 0), and the allowed set (bool [P, V], None for no mask) as packed token_bitmasks int32
+    [rows, P, ceil(V/32)], one mask per position repeated for every row."""
+    optional = {}
+    if min_p > 0:
+        optional["min_p"] = torch.full((rows,), min_p, dtype=torch.float32, device=device)
+    if allowed is not None:
+        masks = pack_bitmask(torch.from_numpy(allowed))
+        optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
+    return optional

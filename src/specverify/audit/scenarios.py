@@ -20,9 +20,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from ..bitmask import pack_bitmask
 from ..contract import PAD
-from .calls import Observation, batched_call, row_problems, shape_problems
+from .calls import Observation, batched_call, min_p_and_mask, row_problems, shape_problems
 from .exact import (
     GREEDY_TEMPERATURE,
     argmax_position_law,
@@ -149,12 +148,7 @@ class Scenario:
             float(np.float32(self.top_p)),  # min_top_p: min(top_p), as the float32 tensor holds it
             to(seeds, torch.int64),
         )
-        optional = {}
-        if self.min_p > 0:
-            optional["min_p"] = to(np.full(rows, self.min_p), torch.float32)
-        if self.allowed is not None:
-            masks = pack_bitmask(torch.from_numpy(self.allowed))
-            optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
+        optional = min_p_and_mask(self.min_p, self.allowed, rows, device)
         if self.draft_proposal == "sampled":
             probs = torch.from_numpy(self.draft_probs).to(device)
             optional["draft_proposal"] = "sampled"

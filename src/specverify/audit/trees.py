@@ -19,9 +19,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from ..bitmask import pack_bitmask
 from ..contract import PAD
-from .calls import Observation, batched_call, row_problems, shape_problems
+from .calls import Observation, batched_call, min_p_and_mask, row_problems, shape_problems
 from .exact import GREEDY_TEMPERATURE, tree_node_law, truncated_distribution
 from .scenarios import (
     Laws,
@@ -134,12 +133,7 @@ class TreeScenario:
             to(np.full(rows, self.top_p), torch.float32),
             to(seeds, torch.int64),
         )
-        optional = {}
-        if self.min_p > 0:
-            optional["min_p"] = to(np.full(rows, self.min_p), torch.float32)
-        if self.allowed is not None:
-            masks = pack_bitmask(torch.from_numpy(self.allowed))
-            optional["token_bitmasks"] = masks.to(device)[None].expand(rows, *masks.shape).contiguous()
+        optional = min_p_and_mask(self.min_p, self.allowed, rows, device)
         if self.draft_proposal == "sampled":
             q = torch.as_tensor(self.draft_law[self.parents + 1], dtype=torch.float32, device=device)
             optional.update(

@@ -131,10 +131,7 @@ def test_generate_sampled_proposals(model_folder, capsys):
         (["--drafter", "model", "hi"], "--drafter model needs --draft-model"),
         (["--draft-model", "smollm2", "hi"], "--draft-model is used only with --drafter model (got --drafter ngram)"),
         (["--min-ngram", "4", "hi"], "--min-ngram must be 1, 2 or 3 (got 4)"),
-        (
-            ["--model", "/nowhere/model.gguf", "hi"],
-            "model must be 'smollm2', a .gguf file or a transformers model folder",
-        ),
+        (["--model", "/nowhere/model.gguf", "hi"], "--model: the GGUF file '/nowhere/model.gguf' is not found"),
         (["--max-tokens", "many", "hi"], "argument --max-tokens: invalid int value: 'many'"),
         (["--seed", str(2**64), "hi"], f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {2**64})"),
         (["--tree", "0", "hi"], "--tree must be >= 1 node (got 0)"),

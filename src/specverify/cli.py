@@ -55,13 +55,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    command = "specverify"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"specverify {args.command}"
         return args.run(args)
     except UsageError as err:
-        print(f"specverify {args.command}: error: {err}", file=sys.stderr)
+        print(f"{command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if sys.stdout.isatty():  # end a line the streamed text may have left open
+            print()
+        print(f"{command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

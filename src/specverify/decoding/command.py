@@ -16,7 +16,7 @@ from .constraints.grammar import GrammarDeadEnd
 from .constraints.thinking import ThinkingRegions
 from .drafting.registry import NEEDS_DRAFT_MODEL, DrafterSettings, make_drafter
 from .engines.base import ContextOverflow
-from .engines.loading import MissingModel, check_engine, load_model, locate_model, torch_threads
+from .engines.loading import MissingModel, check_engine, converts_on_load, load_model, locate_model, torch_threads
 from .examples import EXAMPLES
 from .settings import draft_length_argument, generate_settings
 
@@ -170,7 +170,7 @@ def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, printe
             relaxed=relaxed,
             on_step=printer,
             compare=args.compare,
-            around_plain=lambda: _status(console, "decoding again without speculation"),
+            around_plain=lambda: _status(console, "decoding again without speculation", printer),
         )
     except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
         raise UsageError(str(err)) from None
@@ -200,7 +200,8 @@ def _load_models(args: argparse.Namespace, shape: str, console):
         except (MissingModel, ValueError) as err:
             raise UsageError(f"{flag}: {err}") from None
     engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}
-    with _status(console, f"loading {args.model} (the first run converts and caches it)"):
+    first = converts_on_load(args.model, args.engine, args.llamacpp_f16)
+    with _status(console, f"loading {args.model}" + (" (the first run converts and caches it)" if first else "")):
         try:
             target = load_model(args.model, **engine)
             draft = load_model(args.draft_model, **engine) if drafts_with_model else None
@@ -217,6 +218,9 @@ def _load_models(args: argparse.Namespace, shape: str, console):
     return target, make_drafter(args.drafter, shape, drafter_settings)
 
 
-def _status(console, message: str):
-    """A rich spinner while something slow runs (nothing when output is JSON)."""
+def _status(console, message: str, printer=None):
+    """A rich spinner while something slow runs (nothing when output is JSON). printer: a StreamPrinter
+    whose open line ends first, so that the spinner, which redraws its own line, cannot erase its text."""
+    if printer is not None:
+        printer.end_line()
     return console.status(message) if console is not None else nullcontext()

@@ -33,6 +33,7 @@ class StreamPrinter:
     def __init__(self, tokenizer: ChatTokenizer, console: Console):
         self._stream = TextStream(tokenizer)
         self._console = console
+        self._line_open = False
 
     def __call__(self, event: StepEvent) -> None:
         if event.row != 0:
@@ -40,6 +41,14 @@ class StreamPrinter:
         text = Text(self._stream.push(event.tokens[: event.accepted]), style=ACCEPTED_STYLE)
         text.append(self._stream.push(event.tokens[event.accepted :]), style=RECOVERED_STYLE if event.recovered else "")
         self._console.print(text, end="", soft_wrap=True, highlight=False)
+        if text.plain:
+            self._line_open = not text.plain.endswith("\n")
+
+    def end_line(self) -> None:
+        """End the line the streamed text left open (nothing when it ended with a newline)."""
+        if self._line_open:
+            self._console.print()
+            self._line_open = False
 
 
 def _number(value: float, digits: int = 2) -> str:

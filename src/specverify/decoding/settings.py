@@ -4,11 +4,13 @@ is loaded: every mistake a user can fix is one `UsageError` naming the flag, the
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass
 
 from ..contract import DRAFT_PROPOSALS, SIBLING_DRAWS
 from ..usage import UsageError, require_modules
+from .constraints.grammar import grammar_source
 from .constraints.schema import read_schema
 from .drafting.registry import DRAFTER_NAMES, NEEDS_DRAFT_MODEL
 from .engines.loading import ENGINES
@@ -160,12 +162,18 @@ def _grammar_setting(args: argparse.Namespace):
     require_modules(GRAMMAR_MODULES, "--json-schema/--regex/--choices")
     if args.json_schema is not None:
         try:
-            return "json_schema", read_schema(args.json_schema)
+            schema = read_schema(args.json_schema)
+            grammar_source("json_schema", json.dumps(schema))
         except ValueError as err:
             raise UsageError(f"--json-schema: {err}") from None
+        return "json_schema", schema
     if args.regex is not None:
         if not args.regex:
             raise UsageError("--regex must not be empty")
+        try:
+            grammar_source("regex", args.regex)
+        except ValueError as err:
+            raise UsageError(f"--regex: {err}") from None
         return "regex", args.regex
     options = args.choices.split(",")
     if not all(options):

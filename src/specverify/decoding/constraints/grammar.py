@@ -103,14 +103,27 @@ class GrammarCompiler:
     def _compile(self, kind: str, text: str) -> Grammar:
         import llguidance
 
-        try:
-            source = llguidance.grammar_from(kind, text)
-        except ValueError as err:
-            raise ValueError(f"invalid {kind.replace('_', ' ')}: {_one_line(str(err))}") from None
-        initial = llguidance.LLMatcher(self.tokenizer, source, log_level=0)
+        initial = llguidance.LLMatcher(self.tokenizer, grammar_source(kind, text), log_level=0)
         if initial.is_error():
             raise ValueError(f"invalid {kind.replace('_', ' ')}: {_one_line(initial.get_error())}")
         return Grammar(kind, initial, self.tokenizer.vocab_size, self.vocab_size, self.stop_tokens, self.vocabulary)
+
+
+def grammar_source(kind: str, text: str) -> str:
+    """llguidance's grammar for a JSON schema (as JSON text), a regex or a choice list (as a JSON list),
+    checked without a tokenizer, so a bad grammar is refused before any model loads. Raises ValueError
+    ("invalid regex: ...") for a grammar llguidance refuses."""
+    import llguidance
+
+    what = kind.replace("_", " ")
+    try:
+        source = llguidance.grammar_from(kind, text)
+    except ValueError as err:
+        raise ValueError(f"invalid {what}: {_one_line(str(err))}") from None
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source)
+    if failed:
+        raise ValueError(f"invalid {what}: {_one_line(messages[0] if messages else 'refused by llguidance')}")
+    return source
 
 
 def grammar_rows(grammar: Grammar | Sequence[Grammar | None] | None, batch: int) -> list[Grammar | None]:

@@ -140,6 +140,10 @@ def locate_model(name: str) -> Path:
     path = Path(name)
     if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
         return path
+    if path.suffix == ".gguf" and not path.exists():
+        raise MissingModel(f"the GGUF file {name!r} is not found")
+    if path.is_dir():
+        raise MissingModel(f"the folder {name!r} is not a transformers model folder (it has no config.json)")
     raise MissingModel(f"model must be {DEFAULT_MODEL!r}, a .gguf file or a transformers model folder (got {name!r})")
 
 
@@ -180,6 +184,22 @@ def torch_threads(engine: str, threads: int) -> int:
     llama.cpp's cores: with torch on 2 threads beside llama.cpp on 1, llama.cpp's one-token steps ran ~1.6x
     slower)."""
     return 1 if ENGINES[engine].owns_threads else threads
+
+
+def converts_on_load(name: str, engine: str, f16: bool = False) -> bool:
+    """Whether loading the model named (see locate_model) converts it first, because what the engine
+    reads is not in the cache yet: transformers' de-quantised copy of a GGUF file, or llama.cpp's F16 copy."""
+    path = locate_model(name)
+    if path.suffix != ".gguf":
+        return False
+    if engine == "llamacpp":
+        if not f16:
+            return False
+        llamacpp = _llamacpp()
+        kind = model_cache.LLAMACPP_F16
+        return not model_cache.is_complete(model_cache.entry_folder(path, llamacpp.llama_cpp.__version__, kind), kind)
+    version = _transformers().__version__
+    return not model_cache.is_complete(model_cache.entry_folder(path, version))
 
 
 def load_transformers(path: Path, *, threads: int = 1, f16: bool = False, use_cache: bool = True) -> LoadedModel:

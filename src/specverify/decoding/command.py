@@ -6,7 +6,6 @@ The flags are checked before anything loads (`settings`), then the models named 
 from __future__ import annotations
 
 import argparse
-from contextlib import nullcontext
 
 import torch
 
@@ -83,6 +82,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument(
+        "--details", action="store_true", help="show the acceptance at every draft position (default: the first 4)"
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -122,17 +124,18 @@ def run_generate_command(args: argparse.Namespace) -> int:
     """Run a parsed `generate` command -> exit status 0 (a UsageError for a mistake the user can fix)."""
     settings = generate_settings(args)
     torch.set_num_threads(torch_threads(args.engine, args.threads))
+    from .report import LEGEND, BatchProgress, Progress, StreamPrinter, json_report, print_results
+
     console = None
     if not args.json:
         from rich.console import Console
 
         console = Console(highlight=False)
-    target, drafter = _load_models(args, settings.shape, console)
+    progress = Progress(console)
+    target, drafter = _load_models(args, settings.shape, progress)
     single, requests = settings.single, settings.requests
-    printer = None
+    on_step = None
     if console is not None:
-        from .report import LEGEND, StreamPrinter
-
         what = (
             f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens"
             if single
@@ -145,18 +148,25 @@ def run_generate_command(args: argparse.Namespace) -> int:
         )
         if single:
             console.print(LEGEND)
-            printer = StreamPrinter(target.tokenizer, console)
-    run = _decode(args, target, drafter, requests, settings.relaxed, printer, console)
-    from .report import json_report, print_results
-
+        on_step = (
+            StreamPrinter(target.tokenizer, console, progress) if single else BatchProgress(len(requests), progress)
+        )
+    progress.show(WARMING_UP)
+    run = _decode(args, target, drafter, requests, settings.relaxed, on_step, progress)
+    progress.done()
     if console is None:
         print(json_report(args, target, run))
     else:
-        print_results(console, run, settings.relaxed is not None, single)
+        print_results(console, run, settings.relaxed is not None, single, args.details)
     return 0
 
 
-def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, printer, console):
+#: What a person sees between loading and the first token (the first run of a machine builds the kernels and
+#: measures each draft length's cost, seconds on a CPU; later runs read both back).
+WARMING_UP = "warming up: the kernels, then the cost of each draft length (measured once per machine and model)"
+
+
+def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, on_step, progress):
     """Speculative decoding of the requests, then plain decoding with --compare -> batch.BatchRun."""
     try:
         return run_requests(
@@ -168,9 +178,9 @@ def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, printe
             draft_proposal=args.draft_proposal,
             thinking=_thinking_regions(args, target),
             relaxed=relaxed,
-            on_step=printer,
+            on_step=on_step,
             compare=args.compare,
-            around_plain=lambda: _status(console, "decoding again without speculation", printer),
+            around_plain=lambda: progress.step("decoding again without speculation"),
         )
     except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
         raise UsageError(str(err)) from None
@@ -188,7 +198,7 @@ def _thinking_regions(args: argparse.Namespace, target):
         raise UsageError(f"--think-begin/--think-end: {err}") from None
 
 
-def _load_models(args: argparse.Namespace, shape: str, console):
+def _load_models(args: argparse.Namespace, shape: str, progress):
     """The target and the drafter the arguments name, for chains or trees (shape) -> (LoadedModel, drafter)."""
     drafts_with_model = args.drafter in NEEDS_DRAFT_MODEL
     names = {"--model": args.model, "--draft-model": args.draft_model if drafts_with_model else None}
@@ -201,7 +211,7 @@ def _load_models(args: argparse.Namespace, shape: str, console):
             raise UsageError(f"{flag}: {err}") from None
     engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}
     first = converts_on_load(args.model, args.engine, args.llamacpp_f16)
-    with _status(console, f"loading {args.model}" + (" (the first run converts and caches it)" if first else "")):
+    with progress.step(f"loading {args.model}" + (" (the first run converts and caches it)" if first else "")):
         try:
             target = load_model(args.model, **engine)
             draft = load_model(args.draft_model, **engine) if drafts_with_model else None
@@ -216,11 +226,3 @@ def _load_models(args: argparse.Namespace, shape: str, console):
         None if draft is None else draft.model, args.min_ngram, args.branching, args.sibling_draws
     )
     return target, make_drafter(args.drafter, shape, drafter_settings)
-
-
-def _status(console, message: str, printer=None):
-    """A rich spinner while something slow runs (nothing when output is JSON). printer: a StreamPrinter
-    whose open line ends first, so that the spinner, which redraws its own line, cannot erase its text."""
-    if printer is not None:
-        printer.end_line()
-    return console.status(message) if console is not None else nullcontext()

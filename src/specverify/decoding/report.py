@@ -4,8 +4,10 @@ comparing speculative with plain decoding, and the same as one JSON object (`--j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -26,23 +28,78 @@ LEGEND = Text.assemble(
 )
 
 
+class Progress:
+    """What runs now, for a person: a rich spinner on a terminal (erased when the step ends), one plain line
+    per step when the output is piped, nothing at all without a console (--json)."""
+
+    def __init__(self, console: Console | None):
+        self._console = console
+        self._status = None
+        self._end_text_line: Callable[[], None] | None = None
+
+    def after_text(self, end_line: Callable[[], None]) -> None:
+        """Text was printed without ending its line: end_line() ends it before the next step is shown."""
+        self._end_text_line = end_line
+
+    def show(self, message: str) -> None:
+        """Say that `message` runs now, in place of what was shown before."""
+        if self._console is None:
+            return
+        if self._end_text_line is not None:
+            self._end_text_line()
+            self._end_text_line = None
+        if not self._console.is_terminal:
+            self._console.print(f"[dim]{message}[/dim]")
+        elif self._status is None:
+            self._status = self._console.status(message)
+            self._status.start()
+        else:
+            self._status.update(message)
+
+    def update(self, message: str) -> None:
+        """Change the words of the step shown (on a terminal only: a piped log gets a line per step, not per
+        update)."""
+        if self._status is not None:
+            self._status.update(message)
+
+    def done(self) -> None:
+        """The step shown has ended: its spinner goes (the line it held is erased)."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    @contextlib.contextmanager
+    def step(self, message: str) -> Iterator[None]:
+        """Show `message` while the block runs."""
+        self.show(message)
+        try:
+            yield
+        finally:
+            self.done()
+
+
 class StreamPrinter:
     """Prints row 0's committed text as it comes: accepted draft tokens in green, a token that replaced
-    a rejected draft in yellow, bonus tokens plain."""
+    a rejected draft in yellow, bonus tokens plain. The first text ends the step `progress` shows, and a
+    later step's spinner starts on a line of its own (a spinner redraws its line: it would erase the text)."""
 
-    def __init__(self, tokenizer: ChatTokenizer, console: Console):
+    def __init__(self, tokenizer: ChatTokenizer, console: Console, progress: Progress):
         self._stream = TextStream(tokenizer)
         self._console = console
+        self._progress = progress
         self._line_open = False
 
     def __call__(self, event: StepEvent) -> None:
         if event.row != 0:
             return
+        self._progress.done()
         text = Text(self._stream.push(event.tokens[: event.accepted]), style=ACCEPTED_STYLE)
         text.append(self._stream.push(event.tokens[event.accepted :]), style=RECOVERED_STYLE if event.recovered else "")
         self._console.print(text, end="", soft_wrap=True, highlight=False)
         if text.plain:
             self._line_open = not text.plain.endswith("\n")
+        if self._line_open:
+            self._progress.after_text(self.end_line)
 
     def end_line(self) -> None:
         """End the line the streamed text left open (nothing when it ended with a newline)."""
@@ -51,12 +108,36 @@ class StreamPrinter:
             self._line_open = False
 
 
+class BatchProgress:
+    """The step of a batch being decoded: how many of its requests' tokens are committed so far."""
+
+    def __init__(self, requests: int, progress: Progress):
+        self._requests, self._progress, self._tokens, self._started = requests, progress, 0, False
+
+    def __call__(self, event: StepEvent) -> None:
+        self._tokens += len(event.tokens)
+        message = f"decoding {self._requests} requests: {self._tokens} tokens committed"
+        if not self._started:
+            self._progress.done()
+            self._progress.show(message)
+            self._started = True
+        else:
+            self._progress.update(message)
+
+
 def _number(value: float, digits: int = 2) -> str:
     return "–" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def results_table(speculative: GenerationResult, plain: GenerationResult | None, identical: bool | None) -> Table:
-    """Tokens/s with and without speculation, tokens per target step, acceptance per draft position."""
+#: Draft positions the results table shows one row each (the rest in one row, or all with details=True).
+SHOWN_POSITIONS = 4
+
+
+def results_table(
+    speculative: GenerationResult, plain: GenerationResult | None, identical: bool | None, details: bool = False
+) -> Table:
+    """Tokens/s with and without speculation, tokens per target step, acceptance at the first draft positions
+    and over the later ones together (every position with details)."""
     table = Table(title="speculative decoding" + (" vs plain decoding" if plain else ""))
     table.add_column("")
     table.add_column("speculative", justify="right")
@@ -72,8 +153,14 @@ def results_table(speculative: GenerationResult, plain: GenerationResult | None,
     if plain is not None:
         table.add_row("speedup", f"{speedup(speculative, plain):.2f}×", "1.00×")
         table.add_row("identical text", "yes" if identical else "NO", "")
-    for j, (rate, drafted) in enumerate(zip(speculative.acceptance, speculative.drafted)):
-        table.add_row(f"acceptance @ draft {j}", f"{_number(rate)} ({drafted})", *([""] if plain is not None else []))
+    blank = [""] if plain is not None else []
+    shown = len(speculative.drafted) if details else SHOWN_POSITIONS
+    for j, (rate, drafted) in enumerate(zip(speculative.acceptance[:shown], speculative.drafted[:shown])):
+        table.add_row(f"acceptance @ draft {j}", f"{_number(rate)} ({drafted})", *blank)
+    later_drafted, later_accepted = sum(speculative.drafted[shown:]), sum(speculative.accepted[shown:])
+    if later_drafted:
+        rate = _number(later_accepted / later_drafted)
+        table.add_row(f"acceptance @ drafts {shown}+", f"{rate} ({later_drafted})", *blank)
     return table
 
 
@@ -108,7 +195,7 @@ def json_report(args: argparse.Namespace, target: LoadedModel, run: BatchRun) ->
     return json.dumps(report)
 
 
-def print_results(console: Console, run: BatchRun, relaxed: bool, single: bool) -> None:
+def print_results(console: Console, run: BatchRun, relaxed: bool, single: bool, details: bool = False) -> None:
     """The live view's end: each request's text for a batch, the results table, why texts differ, the grammar's verdict."""
     spec, plain = run.speculative, run.plain
     identical = None if plain is None else all(run.identical)
@@ -121,7 +208,7 @@ def print_results(console: Console, run: BatchRun, relaxed: bool, single: bool) 
             console.print(text, highlight=False, soft_wrap=True)
             print_grammar_check(console, run.checks[b])
     console.print()
-    console.print(results_table(spec, plain, identical))
+    console.print(results_table(spec, plain, identical, details))
     if identical is False and relaxed:
         console.print("[yellow]the texts differ: expected with --relaxed (lossy inside thinking regions)[/yellow]")
     elif identical is False:

@@ -86,9 +86,31 @@ def _open(openmp: Path | None) -> ctypes.CDLL:
     try:
         if not target.exists():
             _build(target, openmp)
+            _remove_old_builds(target)
+        else:
+            os.utime(target)  # its last use, which keeps it among the builds kept
         return ctypes.CDLL(str(target))
     except OSError as error:
         raise BuildError(f"the built library could not be loaded ({error})") from error
+
+
+#: Builds of other sources, flags or OpenMP runtimes kept in the cache (the most recently used): a few
+#: versions side by side (other clones, venvs) rebuild nothing; the rest do not pile up.
+KEPT_BUILDS = 4
+
+
+def _remove_old_builds(kept: Path) -> None:
+    """Remove all but the KEPT_BUILDS most recently used kernels-*.so beside `kept` (always kept). A library
+    another process has loaded stays valid after its file is removed (Linux keeps the open inode)."""
+    def last_used(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:  # removed by another process meanwhile
+            return 0.0
+
+    builds = sorted(kept.parent.glob("kernels-*.so"), key=last_used, reverse=True)
+    for old in [p for p in builds if p != kept][KEPT_BUILDS - 1 :]:
+        old.unlink(missing_ok=True)
 
 
 #: Why the kernels are unavailable in this process (None: available, or not tried yet).

@@ -31,8 +31,15 @@ def _accepted(result: ScenarioResult) -> str:
     return f"{observed:.3f} | {exact:.3f}"
 
 
-def _shape(result: ScenarioResult) -> list[str]:
+#: Below this many columns the tables are compact: the setting under the scenario's name, V and K in one
+#: column, and the detail columns (acceptance per row, detectable TV) left to the wide view and the JSON.
+WIDE = 140
+
+
+def _shape(result: ScenarioResult, compact: bool) -> list:
     s = result.scenario
+    if compact:
+        return [Text.assemble(s.name, "\n", (s.setting, "dim")), f"{s.vocab}×{s.positions}", f"{result.rows:,}"]
     return [s.name, s.setting, str(s.vocab), str(s.positions), f"{result.rows:,}"]
 
 
@@ -45,61 +52,72 @@ def _unjudged_cells(result: ScenarioResult, columns: int) -> list[str]:
     return cells
 
 
-def _shape_columns(table: Table) -> None:
-    table.add_column("scenario")
-    table.add_column("setting", style="dim")
-    for column in ("V", "K", "rows"):
-        table.add_column(column, justify="right")
+def _shape_columns(table: Table, compact: bool) -> None:
+    if compact:
+        table.add_column("scenario · setting", overflow="fold")
+        table.add_column("V×K", justify="right")
+    else:
+        table.add_column("scenario")
+        table.add_column("setting", style="dim")
+        table.add_column("V", justify="right")
+        table.add_column("K", justify="right")
+    table.add_column("rows", justify="right")
 
 
-def lossless_table(audit: AuditResult) -> Table:
+def lossless_table(audit: AuditResult, compact: bool = False) -> Table:
     """One row per lossless scenario: the position with the smallest p-value shows its TV."""
     table = Table(title=f"Lossless scenarios: {audit.verifier}", title_justify="left")
-    _shape_columns(table)
+    _shape_columns(table, compact)
     table.add_column("TV (exact samples)", justify="right")
     table.add_column("p min", justify="right")
-    table.add_column("accepted/row obs | exact", justify="right")
-    table.add_column("detects TV ≥", justify="right")
+    if not compact:
+        table.add_column("accepted/row obs | exact", justify="right")
+        table.add_column("detects TV ≥", justify="right")
     table.add_column("verdict")
     for result in audit.scenarios:
         if not result.scenario.lossless:
             continue
         if not result.positions:
-            table.add_row(*_shape(result), *_unjudged_cells(result, 4), _verdict(result.verdict))
+            table.add_row(
+                *_shape(result, compact), *_unjudged_cells(result, 2 if compact else 4), _verdict(result.verdict)
+            )
             continue
         worst = result.worst.fit
+        details = [] if compact else [_accepted(result), _power(result)]
         table.add_row(
-            *_shape(result),
+            *_shape(result, compact),
             f"{worst.tv:.4f} ({worst.null_tv:.4f})",
             f"{result.min_p_value:.2g}",
-            _accepted(result),
-            _power(result),
+            *details,
             _verdict(result.verdict),
         )
     return table
 
 
-def relaxed_table(audit: AuditResult) -> Table | None:
+def relaxed_table(audit: AuditResult, compact: bool = False) -> Table | None:
     """One row per relaxed scenario: how far what it commits is from p~ (the position farthest away)."""
     results = [r for r in audit.scenarios if not r.scenario.lossless]
     if not results:
         return None
     table = Table(title="Relaxed scenarios (lossy by design: divergence from p~, not failed)", title_justify="left")
-    _shape_columns(table)
+    _shape_columns(table, compact)
     table.add_column("TV from p~ measured | exact", justify="right")
     table.add_column("p vs §3.4 rule", justify="right")
-    table.add_column("accepted/row obs | exact", justify="right")
+    if not compact:
+        table.add_column("accepted/row obs | exact", justify="right")
     table.add_column("verdict")
     for result in results:
         if not result.positions:
-            table.add_row(*_shape(result), *_unjudged_cells(result, 3), _verdict(result.verdict))
+            table.add_row(
+                *_shape(result, compact), *_unjudged_cells(result, 2 if compact else 3), _verdict(result.verdict)
+            )
             continue
         farthest = max(result.positions, key=lambda p: p.exact_divergence)
         table.add_row(
-            *_shape(result),
+            *_shape(result, compact),
             f"{farthest.divergence:.3f} | {farthest.exact_divergence:.3f}",
             f"{result.min_p_value:.2g}",
-            _accepted(result),
+            *([] if compact else [_accepted(result)]),
             _verdict(result.verdict),
         )
     return table
@@ -175,7 +193,9 @@ def summary(audit: AuditResult) -> Text:
 
 
 def print_report(audit: AuditResult, console: Console) -> None:
-    parts = [lossless_table(audit), relaxed_table(audit), invariance_table(audit)]
+    """The audit's tables, problems and verdict for a person (compact below WIDE columns)."""
+    compact = console.width < WIDE
+    parts = [lossless_table(audit, compact), relaxed_table(audit, compact), invariance_table(audit)]
     console.print(Group(*[p for p in parts if p is not None]))
     for line in problems(audit):
         console.print(Text(line, style="red"))
@@ -183,8 +203,12 @@ def print_report(audit: AuditResult, console: Console) -> None:
     console.print(
         Text(
             "TV: at the position with the smallest p-value, beside its expectation for exact samples. "
-            "detects TV ≥: every deviation this large on a test's bins is flagged with probability ≥ 80% "
-            "(best–worst over the positions and the acceptance law).",
+            + (
+                "A wider terminal (or --json) also shows acceptance per row and the smallest TV each test detects."
+                if compact
+                else "detects TV ≥: every deviation this large on a test's bins is flagged with probability ≥ 80% "
+                "(best–worst over the positions and the acceptance law)."
+            ),
             style="dim",
         )
     )

@@ -1,5 +1,5 @@
-"""Which of specverify's backends can run here, and a block that forces one (SPECVERIFY_BACKEND); the
-backend fixtures of tests/conftest.py are built on them."""
+"""Which of specverify's backends (and whether a CUDA device) can run here, and a block that forces one
+(SPECVERIFY_BACKEND); the backend fixtures of tests/conftest.py are built on them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import os
 from typing import Iterator
 
 import pytest
+import torch
+
+#: Whether a CUDA device is here (the CUDA tests skip without one).
+HAS_CUDA = torch.cuda.is_available()
 
 
 def native_available() -> bool:

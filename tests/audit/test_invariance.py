@@ -10,6 +10,7 @@ from scipy import stats
 
 import specverify as sv
 from specverify.audit.invariance import DRAFTERS, decode_plainly, decode_speculatively
+from tests.support.seeds import ROW_STRIDE
 
 
 def _random_call(batch=24, positions=4, vocab=50, seed=0, mode="argmax"):
@@ -103,8 +104,7 @@ def test_neighbouring_seeds_draw_independently():
 def test_a_shared_seed_spreads_rows_and_row_zero_is_the_seed_itself():
     args = _random_call(seed=5)
     shared = dict(args, seed=12345)
-    stride = 0x9E3779B97F4A7C15
-    per_row = [(12345 + b * stride) % 2**64 for b in range(24)]
+    per_row = [(12345 + b * ROW_STRIDE) % 2**64 for b in range(24)]
     explicit = dict(args, seed=torch.tensor([s - 2**64 if s >= 2**63 else s for s in per_row]))
     for a, b in zip(sv.stochastic_acceptance_sampler(**shared), sv.stochastic_acceptance_sampler(**explicit)):
         assert torch.equal(a, b)

@@ -21,7 +21,7 @@ import torch
 
 import specverify as sv
 from tests.support import mixer, oracle
-from tests.support.seeds import int64_bits
+from tests.support.seeds import ROW_STRIDE, int64_bits
 
 STREAMS = (mixer.STREAM_TARGET, mixer.STREAM_ACCEPT, mixer.STREAM_RESIDUAL, 3, 1000)
 #: key (as uint64) -> the uniform of each stream of STREAMS, as its numerator over 2**53.
@@ -144,7 +144,7 @@ def _row_seeds(mode: str, seeding: str) -> list[int]:
     """s_b of each row as uint64 (SPEC §4), computed with Python ints."""
     if seeding == "per-request":
         return list(SEEDS)
-    return [(SHARED_SEED[mode] + b * 0x9E3779B97F4A7C15) & mixer.MASK64 for b in range(B)]
+    return [(SHARED_SEED[mode] + b * ROW_STRIDE) & mixer.MASK64 for b in range(B)]
 
 
 def _params():

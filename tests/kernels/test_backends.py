@@ -1,0 +1,201 @@
+"""The backend dispatch (kernels/): chosen by device, forced by SPECVERIFY_BACKEND, clear errors, and a
+one-time warning naming the cause and the fix when the compiled CPU kernels cannot be built."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import specverify as sv
+from specverify import kernels
+from specverify.cli import main
+from specverify.kernels import native
+from tests.support.backends import backend_path, native_available, triton_available
+from tests.support.invariants import check_output_invariants
+
+
+def _call():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3 * 4, 300, generator=g)
+    return sv.stochastic_acceptance_sampler(
+        torch.randint(0, 300, (3, 3), generator=g), logits, torch.tensor([0.7, 1.0, 0.0]), torch.tensor([20, -1, -1]),
+        None, torch.tensor([0.9, 1.0, 1.0]), None, torch.tensor([1, 2, 3]),
+    )
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+def test_cpu_tensors_run_the_compiled_kernels_by_default(monkeypatch):
+    monkeypatch.delenv("SPECVERIFY_BACKEND", raising=False)
+    assert kernels.backend_for(torch.zeros(1)).name == "native" and kernels.backend_for(torch.zeros(1)).compiled
+
+
+def test_the_environment_forces_a_backend_for_every_op(monkeypatch):
+    with backend_path("torch"):
+        assert kernels.backend_for(torch.zeros(1)) is kernels.TORCH and not kernels.TORCH.compiled
+        calls = []
+        monkeypatch.setattr(native, "weigh_rows", lambda *args: calls.append(args))
+        monkeypatch.setattr(native, "sample_rows", lambda *args: calls.append(args))
+        monkeypatch.setattr(native, "argmax_rows", lambda *args: calls.append(args))
+        _call()
+        assert not calls, "a compiled kernel ran with SPECVERIFY_BACKEND=torch"
+
+
+@pytest.mark.parametrize("value", ["cuda", "Torch", "c"])
+def test_an_unknown_backend_is_a_clear_error(value):
+    with backend_path(value), pytest.raises(ValueError, match=f"SPECVERIFY_BACKEND must be one of torch, native, triton \\(got '{value}'\\)"):
+        _call()
+
+
+def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(native, "load", lambda: None)
+    monkeypatch.setattr(native, "unavailable_because", "no C compiler found (neither $CC, cc nor gcc)")
+    with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native, but the compiled CPU kernels are unavailable: no C compiler found"):
+        _call()
+    with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native runs on CPU tensors only"):
+        kernels.backend_for(torch.zeros(1, device="meta"))
+
+
+def test_each_backend_declares_what_it_can_do(each_backend):
+    """What the rooms above ask of a backend (kernels/backend.py): native skips rows for free, Triton runs
+    whole verifier calls, the torch reference runs no op of kernels/ and declares nothing."""
+    declared = kernels.backend_for(torch.zeros(1))
+    assert declared.name == each_backend
+    expected = {"native": (True, False, True), "triton": (True, True, False), "torch": (False, False, False)}
+    assert (declared.compiled, declared.runs_whole_calls, declared.skips_rows_cheaply) == expected[each_backend]
+
+
+def test_a_backend_missing_a_declared_op_fails_when_it_is_declared():
+    from types import SimpleNamespace
+
+    from specverify.kernels.backend import ROW_OPS
+
+    ops = SimpleNamespace(__name__="partial", **{op: print for op in ROW_OPS if op != "scan_rows"})
+    with pytest.raises(TypeError, match="backend 'partial' declares ops its module partial lacks: scan_rows"):
+        kernels.Backend(name="partial", ops=ops)
+    with pytest.raises(TypeError, match="lacks: scan_rows, verify_rows"):
+        kernels.Backend(name="partial", ops=ops, runs_whole_calls=True)
+    with pytest.raises(TypeError, match="declares capabilities but no ops"):
+        kernels.Backend(name="partial", ops=None, skips_rows_cheaply=True)
+
+
+def _fresh_load(monkeypatch, tmp_path):
+    """native.load() as on a machine where nothing is cached yet (its cache cleared again afterwards)."""
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECVERIFY_NATIVE", raising=False)
+    native.load.cache_clear()
+    monkeypatch.setattr(native, "unavailable_because", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        library = native.load()
+        again = native.load()
+    native.load.cache_clear()
+    return library, again, [w for w in caught if "specverify" in str(w.message)]
+
+
+def test_no_c_compiler_warns_once_naming_the_cause_and_the_fix(monkeypatch, tmp_path):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    library, again, caught = _fresh_load(monkeypatch, tmp_path)
+    assert library is None and again is None
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert "no C compiler found" in message and "install a C compiler" in message and "SPECVERIFY_BACKEND=torch" in message
+    assert native.unavailable_because.startswith("no C compiler found")
+
+
+def test_a_failing_compiler_is_named_with_its_error(monkeypatch, tmp_path):
+    compiler = tmp_path / "broken-cc"
+    compiler.write_text("#!/bin/sh\necho 'broken-cc: fatal error: cannot find kernels.h' >&2\nexit 3\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    library, _, caught = _fresh_load(monkeypatch, tmp_path / "cache")
+    assert library is None and len(caught) == 1
+    assert "broken-cc failed (exit 3): broken-cc: fatal error: cannot find kernels.h" in str(caught[0].message)
+
+
+def test_the_torch_backend_never_builds_and_never_warns(monkeypatch, tmp_path):
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    native.load.cache_clear()
+    try:
+        with backend_path("torch"), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _call()
+    finally:
+        native.load.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["torch"] + (["native"] if native_available() else []) + (["triton"] if triton_available() else []))
+def test_bench_says_which_backend_ran(name, capsys):
+    with backend_path(name):
+        assert main(["bench", "--batch", "2", "--drafts", "1", "--vocab", "64", "--repeats", "1", "--modes", "greedy"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    config = json.loads(lines[-1])["config"]
+    assert config["backend"] == name and config["kernels"].startswith(name)
+    assert any(line.startswith(f"backend: {name}") for line in lines)
+
+
+def test_bench_refuses_a_device_it_cannot_use(capsys):
+    assert main(["bench", "--device", "nope"]) == 2
+    assert "--device 'nope' is not usable here" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["bench", "--device", "cuda"]) == 2
+        assert "--device 'cuda' is not usable here" in capsys.readouterr().err
+
+
+def test_every_backend_keeps_the_output_invariants(each_backend):
+    """One call with masks, padding and mixed rows on each backend: every SPEC §1 invariant holds (the
+    committed tokens are checked against `sample` on the same backend)."""
+    g = torch.Generator().manual_seed(9)
+    args = dict(
+        draft_tokens=torch.tensor([[3, -1, 7], [1, 2, 3], [0, 5, 9]]), target_logits=torch.randn(3, 4, 100, generator=g),
+        temperature=torch.tensor([0.8, 0.0, 1.1]), top_k=torch.tensor([10, -1, -1]), max_k=None, top_p=torch.tensor([0.9, 1.0, 0.7]),
+        min_top_p=None, seed=torch.tensor([5, 6, 7]), token_bitmasks=sv.pack_bitmask(torch.rand(3, 4, 100, generator=g) < 0.8),
+    )
+    check_output_invariants(args, sv.stochastic_acceptance_sampler(**args))
+
+
+def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each_backend):
+    """source picks the logits row of each output row (read in place by the compiled backends): the same
+    weights and sums as weighing the gathered rows; a row with a negative source has zero sums."""
+    from specverify.truncation import truncated_weights
+
+    g = torch.Generator().manual_seed(10)
+    logits = torch.randn(7, 300, generator=g)
+    source = torch.tensor([4, -1, 0, 6, 4, -1])
+    params = dict(temperature=torch.tensor([0.8, 1.0, 0.0, 1.2, 0.5, 1.0]), top_k=torch.tensor([10, -1, -1, 0, 3, 5]),
+                  top_p=torch.tensor([0.9, 1.0, 1.0, 0.7, 1.0, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.0]))  # fmt: skip
+    weights, sums = (t.clone() for t in truncated_weights(logits, **params, source=source))
+    kept = source >= 0
+    gathered = {name: value[kept] for name, value in params.items()}
+    expected_weights, expected_sums = truncated_weights(logits[source[kept]], **gathered)
+    assert torch.equal(weights[kept], expected_weights) and torch.equal(sums[kept], expected_sums)
+    assert (sums[~kept] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_backend, dtype):
+    """kernels.scan_rows (the compiled backends' one-pass logits check) against flags found entry by entry
+    in float64; rows not in use are not reported."""
+    if not kernels.backend_for(torch.zeros(1)).compiled:
+        pytest.skip("the torch backend has no scan kernel (checks take one max reduction instead)")
+    g = torch.Generator().manual_seed(11)
+    values = torch.randn(9, 1000, generator=g).to(dtype)
+    values[1, 999] = float("nan")
+    values[2, 0] = float("inf")
+    values[3] = float("-inf")
+    values[4] = float("-inf")
+    values[4, 500] = -1e4
+    values[5, 7] = -float("nan")  # NaN with the sign bit set
+    values[6, :] = float("-inf")
+    values[6, 3] = float("inf")
+    values[7, 1:] = float("-inf")
+    x = values.double()
+    expected = (torch.isnan(x) | (x == float("inf"))).any(-1).to(torch.uint8) | (2 * (x != float("-inf")).any(-1).to(torch.uint8))
+    assert torch.equal(kernels.scan_rows(values), expected)
+    in_use = torch.arange(9) % 2 == 0
+    assert torch.equal(kernels.scan_rows(values, in_use), torch.where(in_use, expected, 0))

@@ -1,0 +1,258 @@
+"""The Triton backend (kernels/triton/), on the CPU: its kernels under Triton's interpreter (TRITON_INTERPRET=1,
+set by tests/conftest.py before triton is imported), and every kernel compiled for real GPU targets (sm_90, sm_80)
+in a subprocess without the interpreter.
+
+Against the torch reference on the same uniforms: kept sets identical, tokens identical except where a
+uniform lies within rounding of a CDF boundary (classified as the device check, specverify.check.parity, does); against the
+float64 laws: chi-square with power; keyed uniforms bit-identical to rng.py; a whole call is two launches,
+with no read back to the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specverify as sv
+from specverify.audit.exact import truncated_distribution
+from specverify.check.parity import parity_cases, parity_check
+from specverify.check.statistics import statistics_check
+from specverify.check.targets import Target
+from specverify.rng import keyed_uniform
+from tests.support.backends import backend_path, triton_available
+from tests.support.invariants import check_output_invariants, forbid_host_reads
+from tests.support.paths import COMPILE_TRITON, ROOT, SRC
+from tests.support.recovery import DRAWS, grid_counts, random_weights, recovery_law
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install -e '.[test]') and its interpreter (no CUDA here; on a GPU run python -m specverify.check)")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+jit = pytest.importorskip("specverify.kernels.triton.jit")
+
+
+def _compile(capabilities: list[str], *flags: str, tmp_path: Path) -> str:
+    environment = {**os.environ, "PYTHONPATH": str(SRC), "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    environment.pop("TRITON_INTERPRET", None)
+    result = subprocess.run([sys.executable, str(COMPILE_TRITON), *capabilities, *flags], capture_output=True, text=True,
+                            env=environment, timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result.stdout
+
+
+def test_every_kernel_compiles_for_sm90_and_sm80(tmp_path):
+    """Each kernel at the launch shape of a large vocabulary, with every code path of the whole-call kernel
+    switched on, compiled to a cubin for Hopper and Ampere (code the interpreter runs but the compiler
+    rejects fails here)."""
+    output = _compile(["90", "80"], "--representative", tmp_path=tmp_path)
+    for kernel in ("weigh", "argmax", "scan", "relaxed", "draw", "verify"):
+        for capability in ("90", "80"):
+            assert any(line.startswith(f"compiled {kernel} ") and line.endswith(f"sm_{capability}") for line in output.splitlines()), kernel
+
+
+@pytest.mark.slow
+def test_every_kernel_variant_compiles_for_sm90_and_sm80(tmp_path):
+    """Every dtype, flag combination and both launch-shape families."""
+    output = _compile(["90", "80"], tmp_path=tmp_path)
+    assert "kernel variants compiled" in output
+
+
+@triton.jit
+def _uniforms(key_ptr, out_ptr, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
+    at = tl.arange(0, BLOCK)
+    key = tl.load(key_ptr + at, mask=at < n, other=0).to(tl.uint64, bitcast=True)
+    tl.store(out_ptr + at, jit.keyed_uniform(key, STREAM), mask=at < n)
+
+
+def test_in_kernel_uniforms_are_bit_identical_to_rng():
+    edge = [0, 1, -1, 2**63 - 1, -(2**63), 0x9E3779B97F4A7C15 - 2**64]
+    keys = torch.tensor(edge + torch.randint(-(2**63), 2**63 - 1, (1000,), generator=torch.Generator().manual_seed(1)).tolist())
+    for stream in (0, 1, 2, 7):
+        out = torch.empty(len(keys), dtype=torch.float64)
+        _uniforms[(1,)](keys, out, len(keys), STREAM=stream, BLOCK=1024 * 2)
+        assert torch.equal(out.view(torch.int64), keyed_uniform(keys, stream).view(torch.int64)), stream
+
+
+def _truncation_grid(vocab: int, ties: bool, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    grid = list(itertools.product([0.0, 0.3, 1.0, 2.5], [-1, 1, 3, 17, vocab], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1]))
+    temperature, top_k, top_p, min_p = (torch.tensor(column) for column in zip(*grid))
+    logits = torch.randn(len(grid), vocab, generator=g) * 2
+    logits = logits.round() if ties else logits
+    allowed = torch.rand(len(grid), vocab, generator=g) < 0.7
+    allowed[:, 0] = True
+    return logits.to(dtype), temperature.float(), top_k.long(), top_p.float(), min_p.float(), sv.pack_bitmask(allowed)
+
+
+@pytest.mark.parametrize("vocab, ties, dtype", [(40, True, torch.float32), (300, True, torch.float32), (300, False, torch.bfloat16),
+                                                (3000, True, torch.float16)])
+def test_kept_sets_equal_the_torch_reference_and_the_float64_law(vocab, ties, dtype):
+    """Ties at the top-k / top-p boundaries (rounded logits), masks, min-p, 16-bit inputs, the radix
+    search above V = 64: the same kept set as the torch path, and probabilities within float32 rounding of
+    the float64 oracle."""
+    args = _truncation_grid(vocab, ties, dtype, seed=vocab)
+    with backend_path("triton"):
+        got = sv.truncated_probs(*args)
+    with backend_path("torch"):
+        reference = sv.truncated_probs(*args)
+    assert torch.equal(got > 0, reference > 0)
+    logits, temperature, top_k, top_p, min_p, bitmask = args
+    allowed = sv.unpack_bitmask(bitmask, vocab).numpy()
+    exact_logits = logits.float().double().numpy()
+    for row in range(0, len(logits), 7):
+        law = truncated_distribution(exact_logits[row], float(temperature[row]), int(top_k[row]), float(top_p[row]),
+                                     float(min_p[row]), allowed[row])
+        assert np.array_equal(got[row].numpy() > 0, law > 0), row
+        assert np.allclose(got[row].double().numpy(), law, rtol=1e-4, atol=2e-6), row
+
+
+def test_per_op_kernels_match_the_torch_reference():
+    """argmax (ties, NaN), sample, recovery and relaxed ops through the dispatch: the same tokens as torch."""
+    from specverify.truncation import greedy_tokens
+    from specverify.verdicts import relaxed_verdict
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(48, 700, generator=g).round()
+    x[::5, 3] = float("nan")
+    x[1] = float("-inf")
+    with backend_path("triton"):
+        argmax = greedy_tokens(x)
+    with backend_path("torch"):
+        assert torch.equal(argmax, greedy_tokens(x))
+    logits = torch.randn(8, 4, 300, generator=g)
+    draft = torch.where(torch.rand(8, 3, generator=g) < 0.8, logits[:, :3].argsort(-1, descending=True)[..., 1], -1)
+    with backend_path("triton"):
+        relaxed = relaxed_verdict(draft, logits, 3, 0.2)
+    with backend_path("torch"):
+        assert all(torch.equal(a, b) for a, b in zip(relaxed, relaxed_verdict(draft, logits, 3, 0.2)))
+    sample = (torch.randn(64, 2500, generator=g) * 3, torch.rand(64, generator=g) + 0.3, torch.tensor([-1, 5, 60, 900] * 16),
+              torch.tensor([1.0, 0.9, 0.5, 0.99] * 16), torch.arange(64))
+    with backend_path("triton"):
+        drawn = sv.sample(*sample)
+    with backend_path("torch"):
+        assert torch.equal(drawn, sv.sample(*sample))
+
+
+def test_recovery_draws_follow_their_float64_laws():
+    """The recovery op (residual, without the draft, from the target) at a grid of uniforms, through Triton."""
+    rng = np.random.default_rng(3)
+    weights = random_weights(rng, 3, 200)
+    q = rng.dirichlet(np.ones(200) * 0.3, size=3).astype(np.float32)
+    draft = np.array([4, int(np.argmax(weights[1])), 9])
+    q[2, 9] = 0.0
+    modes = np.array([1, 1, 2])
+    with backend_path("triton"):
+        counts = grid_counts(weights, q, draft, modes)
+    for j in range(3):
+        law = recovery_law(weights[j], q[j], int(draft[j]), int(modes[j]))
+        assert np.all(np.abs(counts[j] - DRAWS * law) <= 2), j
+
+
+def _parity_cases():
+    cases = [case for case in parity_cases(quick=True, include_flat_256k=False)
+             if case.name in ("argmax V=1000", "argmax V=50 fp16", "sampled V=64", "relaxed V=300")
+             or case.name.startswith("on-boundary")]
+    for case in cases:  # <= 64 rows x positions each
+        batch, positions = case.args["draft_tokens"].shape
+        keep = max(1, 64 // (positions + 1))
+        case.args = {name: value[:keep] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch else value
+                     for name, value in case.args.items()}
+    return cases
+
+
+def test_whole_calls_match_the_torch_reference_up_to_rounding():
+    """Every rule, masks, padding, fp16, sampled drafts with q = 0 / one-hot / p~ itself, and draws placed
+    on CDF boundaries on purpose: tokens identical to the torch path, except on rounding boundaries."""
+    cases = _parity_cases()
+    report = parity_check(Target("cpu", backend="torch"), Target("cpu", backend="triton"), cases=cases)
+    assert report["passed"], report["failures"]
+    natural = [r for r in report["cases"] if not r["case"].startswith("on-boundary")]
+    assert sum(r["mismatches"] for r in natural) == 0, natural
+    assert report["total"]["unexplained"] == 0
+
+
+def test_whole_calls_follow_the_float64_laws():
+    """The device check's statistics section through Triton: chi-square of every committed position and of the
+    first rejection against exact laws, argmax and sampled drafts, masks, min-p; power shown."""
+    report = statistics_check(Target("cpu", backend="triton"), rows_per_group=3000)
+    assert report["passed"], report["failures"]
+    assert report["tests"] == 40 and report["power_p_value"] < 1e-6
+
+
+@pytest.mark.slow
+def test_the_statistical_test_suite_passes_through_triton():
+    """tests/core/test_statistics.py (every float64-law test of the verifier, with its power checks), run
+    whole with SPECVERIFY_BACKEND=triton."""
+    environment = {**os.environ, "PYTHONPATH": str(SRC), "SPECVERIFY_BACKEND": "triton", "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "core" / "test_statistics.py")],
+                            capture_output=True, text=True, env=environment, cwd=ROOT, timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:]
+
+
+def _count_launches(run) -> tuple[int, list[str]]:
+    """Kernel launches a call would make on a GPU: Triton kernel launches plus torch ops that run a kernel
+    (everything but views and allocations)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    free = {"empty", "empty_like", "empty_strided", "view", "_unsafe_view", "reshape", "expand", "as_strided", "alias",
+            "detach", "t", "unsqueeze", "squeeze", "select", "slice", "lift_fresh", "_to_copy_noop"}
+    seen: list[str] = []
+    inside_a_kernel = []  # the interpreter's own tensor copies are not launches
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name not in free and not inside_a_kernel:
+                seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    def counted(original, name):
+        def run(*args, **kwargs):
+            seen.append(f"triton:{name}")
+            inside_a_kernel.append(name)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside_a_kernel.pop()
+        return run
+
+    kernels = [jit.verify_kernel, jit.weigh_kernel, jit.draw_kernel, jit.argmax_kernel, jit.relaxed_kernel]
+    originals = [kernel.run for kernel in kernels]
+    for kernel, original in zip(kernels, originals):
+        kernel.run = counted(original, kernel.fn.__name__)
+    try:
+        with Ops():
+            out = run()
+    finally:
+        for kernel, original in zip(kernels, originals):
+            kernel.run = original
+    return out, seen
+
+
+@pytest.mark.parametrize("mode", ["argmax", "sampled", "relaxed"])
+def test_a_whole_call_is_two_launches_without_host_reads(mode):
+    """validate=False: the fill of first_rejected_idx and one Triton kernel; nothing read back to the host
+    (so the call can be captured in a CUDA graph), and outputs that keep every SPEC §1 invariant."""
+    g = torch.Generator().manual_seed(11)
+    batch, positions, vocab = 4, 3, 200
+    args = dict(
+        draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g), target_logits=torch.randn(batch * (positions + 1), vocab, generator=g),
+        temperature=torch.tensor([0.7, 1.0, 0.0, 1.2]), top_k=torch.tensor([5, -1, -1, 40]), max_k=None,
+        top_p=torch.tensor([0.9, 1.0, 1.0, 0.8]), min_top_p=None, seed=torch.tensor([3, 1, 4, 1]),
+        token_bitmasks=sv.pack_bitmask(torch.rand(batch, positions + 1, vocab, generator=g) < 0.9), min_p=torch.tensor([0.0, 0.1, 0.0, 0.0]),
+    )
+    if mode == "sampled":
+        args.update(draft_proposal="sampled", draft_probs_full=torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1))
+    if mode == "relaxed":
+        args.update(in_thinking_phase=torch.tensor([True, False, True, True]), relaxed_topk=3, relaxed_delta=0.3)
+    with backend_path("triton"), forbid_host_reads():
+        out, launches = _count_launches(lambda: sv.stochastic_acceptance_sampler(**args, validate=False))
+    assert launches == ["full", "triton:verify_kernel"], launches
+    with backend_path("torch"):
+        check_output_invariants(args, out)

@@ -12,7 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.support.backends import backend_path, native_available, triton_available  # noqa: E402
+from tests.support.backends import backend_path, native_available, triton_available
 
 
 @pytest.fixture(params=["default", "torch-path"])
@@ -24,7 +24,10 @@ def code_path(request):
 
 def _backend_params() -> list:
     skip_native = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
-    skip_triton = pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter (no CUDA here; on a GPU run python -m specverify.check)")
+    skip_triton = pytest.mark.skipif(
+        not triton_available(),
+        reason="needs triton and its interpreter (no CUDA here; on a GPU run python -m specverify.check)",
+    )
     return [pytest.param("native", marks=skip_native), "torch", pytest.param("triton", marks=skip_triton)]
 
 

@@ -100,8 +100,10 @@ def test_every_scenario_is_well_posed_and_its_laws_are_consistent(name):
 
 def test_a_boundary_scenario_is_refused():
     # p = [.5, .3, .2]: the mass reaches top-p 0.8 exactly at the second token
-    edge = replace(scenario("edge", "", drafts="agree", vocab=3, positions=1, top_p=0.8),
-                   logits=np.log([[0.5, 0.3, 0.2]] * 2).astype(np.float32))  # fmt: skip
+    edge = replace(
+        scenario("edge", "", drafts="agree", vocab=3, positions=1, top_p=0.8),
+        logits=np.log([[0.5, 0.3, 0.2]] * 2).astype(np.float32),
+    )
     with pytest.raises(ValueError, match="edge: position 0 sits on a top-p/min-p boundary"):
         check_well_posed(edge)
     check_well_posed(replace(edge, top_p=0.85))
@@ -171,8 +173,17 @@ def test_a_verifier_that_breaks_the_contract_or_raises_fails():
 
 def test_scenarios_needing_an_argument_the_verifier_lacks_are_skipped_and_not_counted():
     def no_min_p(draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed, token_bitmasks=None):
-        return sv.stochastic_acceptance_sampler(draft_tokens, target_logits, temperature, top_k, max_k, top_p,
-                                                min_top_p, seed, token_bitmasks=token_bitmasks)  # fmt: skip
+        return sv.stochastic_acceptance_sampler(
+            draft_tokens,
+            target_logits,
+            temperature,
+            top_k,
+            max_k,
+            top_p,
+            min_top_p,
+            seed,
+            token_bitmasks=token_bitmasks,
+        )
 
     scenarios = [MATRIX["argmax/min-p"], MATRIX["argmax/plain/agree"]]
     audit = run_audit(as_verifier(no_min_p), scenarios, scale=0.01, alpha=1e-3, invariance=None)
@@ -237,6 +248,11 @@ def test_exact_law_draws_the_greedy_line_where_the_library_does(temperature):
     """The library compares float32 temperatures with float32(1e-5): the exact law must agree exactly at the
     boundary (a row at T = 1e-5 keeps its ties, one just below is one-hot)."""
     logits = np.float32([1.0, 1.0, 0.0])
-    library = sv.truncated_probs(torch.from_numpy(logits)[None], torch.tensor([temperature]), torch.tensor([-1]),
-                                 torch.tensor([1.0]))[0].double().numpy()  # fmt: skip
+    library = (
+        sv.truncated_probs(
+            torch.from_numpy(logits)[None], torch.tensor([temperature]), torch.tensor([-1]), torch.tensor([1.0])
+        )[0]
+        .double()
+        .numpy()
+    )
     np.testing.assert_allclose(truncated_distribution(logits, temperature), library, atol=1e-6)

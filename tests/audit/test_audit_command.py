@@ -118,8 +118,10 @@ def test_bad_arguments_exit_2_with_a_message(options, message, capsys):
 def test_a_bad_verifier_is_one_line_from_the_command_line():
     done = subprocess.run(
         [sys.executable, "-m", "specverify.cli", "audit", "--verifier", "os:path"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.startswith("specverify audit: error: --verifier: verifier 'os:path' is a module, not a function")
 

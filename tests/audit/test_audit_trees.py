@@ -62,7 +62,10 @@ def test_our_tree_verifier_passes_a_scenario_of_each_mode():
 def test_a_wrong_tree_verifier_fails_where_its_mistake_matters_and_passes_elsewhere():
     wrong = as_verifier(tree_recovery_from_full_target)
     assert wrong.tree
-    assert audit_scenario(wrong, TREES["tree/sampled/with-replacement"], 6000, seed=3, level=1e-4, device="cpu").verdict == "FAIL"
+    assert (
+        audit_scenario(wrong, TREES["tree/sampled/with-replacement"], 6000, seed=3, level=1e-4, device="cpu").verdict
+        == "FAIL"
+    )
     assert audit_scenario(wrong, TREES["tree/argmax/plain"], 6000, seed=3, level=1e-4, device="cpu").verdict == "pass"
 
 
@@ -77,10 +80,14 @@ def test_a_tree_verifier_that_raises_is_reported_as_raised_with_its_exception():
 def test_tree_contract_breaks_are_named():
     drafts = np.array([[4, 5, 6], [4, 5, 6]])
     parents = np.array([-1, -1, 0])
-    ok = tree_contract_problems(drafts, parents, np.array([[0, 2, -1], [1, -1, -1]]), np.array([2, 1]), np.array([3, 3]), 8)
+    ok = tree_contract_problems(
+        drafts, parents, np.array([[0, 2, -1], [1, -1, -1]]), np.array([2, 1]), np.array([3, 3]), 8
+    )
     assert ok == []
     path = np.array([[2, -1, -1], [1, -1, -1], [0, -1, 5], [0, 2, -1]])
-    problems = tree_contract_problems(np.tile(drafts[:1], (4, 1)), parents, path, np.array([1, 1, 1, 5]), np.array([3, 9, 3, 3]), 8)
+    problems = tree_contract_problems(
+        np.tile(drafts[:1], (4, 1)), parents, path, np.array([1, 1, 1, 5]), np.array([3, 9, 3, 3]), 8
+    )
     assert problems == [
         "path_length outside [0, 3] in 1 rows (first: row 3)",
         "path not -1 after path_length in 1 rows (first: row 2)",
@@ -108,7 +115,10 @@ def test_a_mixed_audit_names_both_verifiers_and_counts_every_test():
     chain, tree, _ = audited_verifiers(DEFAULT_VERIFIER, tree=False)
     scenarios = [s for s in scenario_matrix() if s.name == "argmax/padding"] + [TREES["tree/argmax/plain"]]
     audit = run_audit(chain, scenarios, scale=0.05, alpha=1e-3, tree_verifier=tree)
-    assert audit.passed and audit.verifier == "specverify:stochastic_acceptance_sampler and specverify:tree_acceptance_sampler"
+    assert (
+        audit.passed
+        and audit.verifier == "specverify:stochastic_acceptance_sampler and specverify:tree_acceptance_sampler"
+    )
     assert audit.tests == (3 + 2) + (8 + 2)
 
 
@@ -118,8 +128,18 @@ def test_the_command_audits_a_tree_verifier(tmp_path):
     result = json.loads(report.read_text())
     assert result["verifier"] == "specverify:tree_acceptance_sampler" and result["invariance"] is None
     assert [s["name"] for s in result["scenarios"]] == ["tree/argmax/plain"] and result["passed"]
-    code = main(["--verifier", f"{WRONG}:tree_recovery_from_full_target", "--only", "tree/sampled/with", "--scale", "0.2",
-                 "--json", str(report)])  # fmt: skip
+    code = main(
+        [
+            "--verifier",
+            f"{WRONG}:tree_recovery_from_full_target",
+            "--only",
+            "tree/sampled/with",
+            "--scale",
+            "0.2",
+            "--json",
+            str(report),
+        ]
+    )
     assert code == 1 and json.loads(report.read_text())["scenarios"][0]["verdict"] == "FAIL"
 
 

@@ -81,7 +81,9 @@ def test_hints_do_not_change_the_outputs():
     hinted = dict(args, max_k=int(args["top_k"].max()), min_top_p=float(args["top_p"].min()))
     for a, b in zip(sv.stochastic_acceptance_sampler(**args), sv.stochastic_acceptance_sampler(**hinted)):
         assert torch.equal(a, b)
-    for a, b in zip(sv.stochastic_acceptance_sampler(**args), sv.stochastic_acceptance_sampler(**hinted, validate=False)):
+    for a, b in zip(
+        sv.stochastic_acceptance_sampler(**args), sv.stochastic_acceptance_sampler(**hinted, validate=False)
+    ):
         assert torch.equal(a, b)
 
 

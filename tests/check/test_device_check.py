@@ -26,11 +26,20 @@ from tests.support.paths import SRC
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device exists: the check runs for real (see the CUDA tests)")
 def test_check_exits_cleanly_without_cuda():
     environment = {**os.environ, "PYTHONPATH": str(SRC)}
-    result = subprocess.run([sys.executable, "-m", "specverify.check", "--device", "cuda"], capture_output=True, text=True, env=environment,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "specverify.check", "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "no CUDA device" in result.stdout
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"skipped": True, "reason": "no CUDA device", "passed": True}
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "skipped": True,
+        "reason": "no CUDA device",
+        "passed": True,
+    }
 
 
 def test_check_rejects_unknown_sections(capsys):

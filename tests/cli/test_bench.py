@@ -12,8 +12,14 @@ from specverify.bench import make_batch, make_tree, peak_extra_bytes, sort_based
 from specverify.cli import main
 
 CASES = [
-    "read floor (amax)", "torch.softmax", "argmax, validate=False", "argmax, validate=True",
-    "sampled, validate=False", "relaxed, every row thinking", "all greedy, validate=False", "all greedy, validate=True",
+    "read floor (amax)",
+    "torch.softmax",
+    "argmax, validate=False",
+    "argmax, validate=True",
+    "sampled, validate=False",
+    "relaxed, every row thinking",
+    "all greedy, validate=False",
+    "all greedy, validate=True",
     "sort-based baseline",
 ]
 
@@ -41,9 +47,15 @@ def test_the_last_line_is_one_json_object_with_every_case(capsys):
         (["--repeats", "0"], "--repeats must be >= 1 (got 0)"),
         (["--drafts", "-1"], "--drafts must be >= 0 (got -1)"),
         (["--threads", "-1"], "--threads must be >= 1 (got -1)"),
-        (["--modes", "argmax,fast"], "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got 'argmax,fast')"),
+        (
+            ["--modes", "argmax,fast"],
+            "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got 'argmax,fast')",
+        ),
         (["--modes", ","], "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got ',')"),
-        (["--vocab", "1000000000"], "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 31,471.3 GiB"),
+        (
+            ["--vocab", "1000000000"],
+            "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 31,471.3 GiB",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_before_any_work(capsys, argv, message):
@@ -57,7 +69,10 @@ def test_bad_arguments_are_one_line_before_any_work(capsys, argv, message):
 def test_the_sort_based_baseline_draws_inside_the_truncated_support():
     batch = make_batch(6, 3, 400, torch.float32, seed=5)
     positions = batch.target_logits.shape[0] // 6
-    per_row = lambda t: t.repeat_interleave(positions)  # noqa: E731
+
+    def per_row(t):
+        return t.repeat_interleave(positions)
+
     probs = sv.truncated_probs(
         batch.target_logits, per_row(batch.temperature), per_row(batch.top_k), per_row(batch.top_p)
     )
@@ -75,7 +90,10 @@ def test_peak_extra_bytes_counts_what_a_call_allocates():
 
 
 def test_the_tree_rows_sit_beside_the_chains_of_the_same_depth_and_of_as_many_nodes(capsys):
-    assert main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2", "--modes", "argmax,tree"]) == 0
+    assert (
+        main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2", "--modes", "argmax,tree"])
+        == 0
+    )
     results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (results["config"]["tree_nodes"], results["config"]["tree_depth"]) == (8, 2)
     assert 0 <= results["config"]["tree_mean_path_length"] <= 2

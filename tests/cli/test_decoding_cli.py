@@ -125,11 +125,13 @@ def test_generate_sampled_proposals(model_folder, capsys):
         (["--tree", "0", "hi"], "--tree must be >= 1 node (got 0)"),
         (["--tree", "8", "-k", "4", "hi"], "--tree NODES replaces -k (got -k 4 and --tree 8: give one)"),
         (["--tree", "8", "--regex", "a+", "hi"], "--tree cannot take --json-schema/--regex/--choices"),
-        (["--tree", "8", "--think-begin", "a", "--think-end", "b", "--relaxed", "10,0.5", "hi"], "--tree cannot take --relaxed"),
+        (
+            ["--tree", "8", "--think-begin", "a", "--think-end", "b", "--relaxed", "10,0.5", "hi"],
+            "--tree cannot take --relaxed",
+        ),
         (["--tree", "8", "--engine", "llamacpp", "hi"], "--tree needs --engine transformers: its sessions score trees"),
         (["--tree", "8", "--branching", "0", "hi"], "--branching must be >= 1 (got 0)"),
         (["--tree", "8", "--sibling-draws", "iid", "hi"], "--sibling-draws must be 'with_replacement' or"),
-
     ],
 )
 def test_bad_input_is_one_line(capsys, argv, message):

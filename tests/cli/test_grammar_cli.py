@@ -33,8 +33,20 @@ def generate_json(capsys, model_folder, *options: str) -> dict:
     [
         ["--temperature", "0.9", "--seed", "4", "-k", "3"],
         ["--seed", "1", "-k", "2", "--drafter", "model", "--draft-model", "SELF"],
-        ["--temperature", "1.2", "--top-k", "12", "--seed", "7", "--draft-proposal", "sampled", "--drafter", "model",
-         "--draft-model", "SELF"],
+        [
+            "--temperature",
+            "1.2",
+            "--top-k",
+            "12",
+            "--seed",
+            "7",
+            "--draft-proposal",
+            "sampled",
+            "--drafter",
+            "model",
+            "--draft-model",
+            "SELF",
+        ],
     ],
     ids=["t0.9-ngram", "greedy-model", "sampled-proposals"],
 )
@@ -59,8 +71,23 @@ def test_choices_and_regex(capsys, model_folder):
 
 def test_thinking_flags_with_relaxed_acceptance(capsys, model_folder):
     report = generate_json(
-        capsys, model_folder, "--think-begin", "[", "--think-end", "]", "--relaxed", "8,0.5", "--compare",
-        "--temperature", "1", "--max-tokens", "12", "--drafter", "model", "--draft-model", str(model_folder),
+        capsys,
+        model_folder,
+        "--think-begin",
+        "[",
+        "--think-end",
+        "]",
+        "--relaxed",
+        "8,0.5",
+        "--compare",
+        "--temperature",
+        "1",
+        "--max-tokens",
+        "12",
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(model_folder),
     )
     assert report["speculative"]["tokens"] == 12
     assert report["settings"]["relaxed"] == "8,0.5"

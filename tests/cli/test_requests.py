@@ -39,7 +39,10 @@ def test_lines_fall_back_to_the_flags(tmp_path):
         ({"prompt": "a", "top_k": 2.5}, "line 2: top_k must be an int (got 2.5)"),
         ({"prompt": "a", "max_tokens": 0}, "line 2: max_tokens must be an int >= 1 (got 0)"),
         ({"prompt": "a", "seed": "7"}, "line 2: seed must be an int (got '7')"),
-        ({"prompt": "a", "seed": 2**64}, "line 2: seed must fit in 64 bits, in [-2**63, 2**64) (got 18446744073709551616)"),
+        (
+            {"prompt": "a", "seed": 2**64},
+            "line 2: seed must fit in 64 bits, in [-2**63, 2**64) (got 18446744073709551616)",
+        ),
         ({"prompt": "  "}, "line 2: prompt must be a non-empty string (got '  ')"),
         ({"temperature": 0}, 'line 2: "prompt" is required'),
         ({"prompt": "a", "temp": 0}, "line 2: unknown field 'temp'"),

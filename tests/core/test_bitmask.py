@@ -102,7 +102,9 @@ def masked_problem(seed: int):
     temperature = torch.where(rows % 3 == 0, 0.0, torch.where(rows % 3 == 1, 1.0, 0.6))  # greedy rows too
     top_k = torch.where(rows % 4 == 0, 5, -1)
     top_p = torch.where(rows % 5 == 0, 0.8, 1.0)
-    return dict(allowed=allowed, logits=logits, draft=draft, probs=probs, temperature=temperature, top_k=top_k, top_p=top_p)
+    return dict(
+        allowed=allowed, logits=logits, draft=draft, probs=probs, temperature=temperature, top_k=top_k, top_p=top_p
+    )
 
 
 def verify(problem: dict, seed: int, mode: str, bitmask: torch.Tensor | None, **extra):
@@ -110,8 +112,15 @@ def verify(problem: dict, seed: int, mode: str, bitmask: torch.Tensor | None, **
     if mode == "sampled":
         kwargs.update(draft_proposal="sampled", draft_probs_full=problem["probs"])
     return sv.stochastic_acceptance_sampler(
-        problem["draft"], problem["logits"], problem["temperature"], problem["top_k"], None, problem["top_p"], None,
-        torch.arange(B) * 1000 + seed, **kwargs,
+        problem["draft"],
+        problem["logits"],
+        problem["temperature"],
+        problem["top_k"],
+        None,
+        problem["top_p"],
+        None,
+        torch.arange(B) * 1000 + seed,
+        **kwargs,
     )
 
 
@@ -152,16 +161,30 @@ def test_masked_draft_is_never_accepted_on_greedy_rows():
 def test_masked_token_is_never_committed_on_relaxed_rows():
     problem = masked_problem(3)
     bitmask = sv.pack_bitmask(problem["allowed"])
-    outputs = verify(problem, 0, "argmax", bitmask, in_thinking_phase=torch.ones(B, dtype=torch.bool),
-                     relaxed_topk=V, relaxed_delta=1.0)
+    outputs = verify(
+        problem,
+        0,
+        "argmax",
+        bitmask,
+        in_thinking_phase=torch.ones(B, dtype=torch.bool),
+        relaxed_topk=V,
+        relaxed_delta=1.0,
+    )
     assert committed_disallowed(outputs, problem["allowed"]) == 0
 
 
 def test_masked_token_is_never_committed_on_relaxed_rows_with_a_small_topk():
     problem = masked_problem(4)
     bitmask = sv.pack_bitmask(problem["allowed"])
-    outputs = verify(problem, 0, "argmax", bitmask, in_thinking_phase=torch.ones(B, dtype=torch.bool),
-                     relaxed_topk=1, relaxed_delta=0.5)
+    outputs = verify(
+        problem,
+        0,
+        "argmax",
+        bitmask,
+        in_thinking_phase=torch.ones(B, dtype=torch.bool),
+        relaxed_topk=1,
+        relaxed_delta=0.5,
+    )
     assert committed_disallowed(outputs, problem["allowed"]) == 0
     assert int((outputs[0] > 0).sum()) > 0
 
@@ -180,7 +203,9 @@ def test_sampler_ignores_bits_past_V(mode):
     bitmask = sv.pack_bitmask(problem["allowed"])
     noisy = set_bits_past_V(bitmask, V)
     assert not torch.equal(noisy, bitmask)
-    extra = dict(in_thinking_phase=torch.arange(B) % 2 == 0, relaxed_topk=3, relaxed_delta=0.2) if mode == "relaxed" else {}
+    extra = (
+        dict(in_thinking_phase=torch.arange(B) % 2 == 0, relaxed_topk=3, relaxed_delta=0.2) if mode == "relaxed" else {}
+    )
     base_mode = "argmax" if mode == "relaxed" else mode
     expected = verify(problem, 1, base_mode, bitmask, **extra)
     got = verify(problem, 1, base_mode, noisy, **extra)
@@ -192,7 +217,10 @@ def test_bits_past_V_do_not_count_as_allowed():
     bitmask = set_bits_past_V(sv.pack_bitmask(problem["allowed"]), V)
     bitmask[7, 2, :-1] = 0
     bitmask[7, 2, -1] = int32_word(list(range(V - 32, 32)))  # only bits past V
-    with pytest.raises(ValueError, match=r"token_bitmasks must leave at least one token with a finite logit \(got none at row 7, position 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"token_bitmasks must leave at least one token with a finite logit \(got none at row 7, position 2\)",
+    ):
         verify(problem, 0, "argmax", bitmask)
 
 
@@ -202,8 +230,12 @@ def test_truncated_probs_and_sample_respect_the_mask():
     allowed = problem["allowed"].reshape(-1, V)
     rows = logits.shape[0]
     bitmask = sv.pack_bitmask(allowed)
-    probs = sv.truncated_probs(logits, torch.ones(rows), torch.full((rows,), -1), torch.ones(rows), token_bitmask=bitmask)
+    probs = sv.truncated_probs(
+        logits, torch.ones(rows), torch.full((rows,), -1), torch.ones(rows), token_bitmask=bitmask
+    )
     assert (probs[~allowed] == 0).all() and torch.allclose(probs.sum(-1), torch.ones(rows))
     for seed in range(3):
-        tokens = sv.sample(logits, torch.ones(rows), torch.full((rows,), -1), torch.ones(rows), seed, token_bitmask=bitmask)
+        tokens = sv.sample(
+            logits, torch.ones(rows), torch.full((rows,), -1), torch.ones(rows), seed, token_bitmask=bitmask
+        )
         assert allowed.gather(-1, tokens[:, None]).all()

@@ -94,7 +94,11 @@ def test_base_calls_are_valid(make):
         (torch.zeros(B, K, dtype=torch.int16), TypeError, r"draft_tokens.*\(got dtype torch\.int16\)"),
         ([[0] * K] * B, TypeError, r"draft_tokens.*\(got list\)"),
         (torch.zeros(B * K, dtype=torch.int64), ValueError, lit("draft_tokens must have shape [B, K] (got [12])")),
-        (torch.zeros(B, K, 1, dtype=torch.int64), ValueError, lit("draft_tokens must have shape [B, K] (got [4, 3, 1])")),
+        (
+            torch.zeros(B, K, 1, dtype=torch.int64),
+            ValueError,
+            lit("draft_tokens must have shape [B, K] (got [4, 3, 1])"),
+        ),
     ],
     ids=["float", "int16", "list", "1d", "3d"],
 )
@@ -114,12 +118,23 @@ def test_draft_tokens_int32_and_int64_agree(dtype):
 @pytest.mark.parametrize(
     "value, exc, pattern",
     [
-        (torch.zeros(B * (K + 1), V, dtype=torch.int64), TypeError,
-         lit("target_logits must be a float32, float16 or bfloat16 tensor (got dtype torch.int64)")),
+        (
+            torch.zeros(B * (K + 1), V, dtype=torch.int64),
+            TypeError,
+            lit("target_logits must be a float32, float16 or bfloat16 tensor (got dtype torch.int64)"),
+        ),
         (torch.zeros(B * (K + 1), V, dtype=torch.float64), TypeError, r"target_logits.*\(got dtype torch\.float64\)"),
         ("logits", TypeError, r"target_logits.*\(got str\)"),
-        (torch.zeros(B * K, V), ValueError, r"target_logits must have shape \[B\*\(K\+1\), V\] = \[16, V\].*\(got \[12, 40\]\)"),
-        (torch.zeros(B, K, V), ValueError, r"target_logits must have shape .*\[B, K\+1, V\] = \[4, 4, V\].*\(got \[4, 3, 40\]\)"),
+        (
+            torch.zeros(B * K, V),
+            ValueError,
+            r"target_logits must have shape \[B\*\(K\+1\), V\] = \[16, V\].*\(got \[12, 40\]\)",
+        ),
+        (
+            torch.zeros(B, K, V),
+            ValueError,
+            r"target_logits must have shape .*\[B, K\+1, V\] = \[4, 4, V\].*\(got \[4, 3, 40\]\)",
+        ),
         (torch.zeros(B + 1, K + 1, V), ValueError, r"target_logits.*\(got \[5, 4, 40\]\)"),
         (torch.zeros(B * (K + 1) * V), ValueError, r"target_logits.*\(got \[640\]\)"),
         (torch.zeros(B * (K + 1), 0), ValueError, r"target_logits.*V >= 1 \(got \[16, 0\]\)"),
@@ -142,8 +157,12 @@ def test_target_logits_both_layouts_agree(dtype):
 @pytest.mark.parametrize(
     "name, value, exc, pattern",
     [
-        ("temperature", torch.ones(B, dtype=torch.int64), TypeError,
-         lit("temperature must be a float tensor of shape [B] (got dtype torch.int64)")),
+        (
+            "temperature",
+            torch.ones(B, dtype=torch.int64),
+            TypeError,
+            lit("temperature must be a float tensor of shape [B] (got dtype torch.int64)"),
+        ),
         ("temperature", torch.ones(B + 1), ValueError, lit("temperature must have shape [B] = [4] (got [5])")),
         ("temperature", torch.ones(B, 1), ValueError, lit("temperature must have shape [B] = [4] (got [4, 1])")),
         ("temperature", "hot", TypeError, r"temperature must be a float tensor.*\(got str\)"),
@@ -151,9 +170,19 @@ def test_target_logits_both_layouts_agree(dtype):
         ("top_k", torch.ones(B, dtype=torch.bool), TypeError, r"top_k.*\(got dtype torch\.bool\)"),
         ("top_k", torch.ones(B - 1, dtype=torch.int64), ValueError, lit("top_k must have shape [B] = [4] (got [3])")),
         ("top_k", 2.0, TypeError, r"top_k must be an int tensor.*\(got float\)"),
-        ("top_p", torch.ones(B, dtype=torch.int64), TypeError, lit("top_p must be a float tensor of shape [B] (got dtype torch.int64)")),
+        (
+            "top_p",
+            torch.ones(B, dtype=torch.int64),
+            TypeError,
+            lit("top_p must be a float tensor of shape [B] (got dtype torch.int64)"),
+        ),
         ("top_p", torch.ones(2 * B), ValueError, lit("top_p must have shape [B] = [4] (got [8])")),
-        ("min_p", torch.zeros(B, dtype=torch.int32), TypeError, lit("min_p must be a float tensor of shape [B] (got dtype torch.int32)")),
+        (
+            "min_p",
+            torch.zeros(B, dtype=torch.int32),
+            TypeError,
+            lit("min_p must be a float tensor of shape [B] (got dtype torch.int32)"),
+        ),
         ("min_p", torch.zeros(B + 2), ValueError, lit("min_p must have shape [B] = [4] (got [6])")),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 12 else None,
@@ -193,7 +222,10 @@ def test_seed_type_and_shape(seed, exc, pattern):
 def test_seed_shared_forms_agree_and_per_request_differs():
     """int, 0-d and [1] tensors are one shared key; a [B] tensor of that value is a different thing."""
     args = base_args(target_logits=torch.randn(B * (K + 1), V, generator=_generator(5)) * 0.1)
-    outputs = [call({**args, "seed": s}) for s in (1234, torch.tensor(1234), torch.tensor([1234]), torch.tensor([1234], dtype=torch.int32))]
+    outputs = [
+        call({**args, "seed": s})
+        for s in (1234, torch.tensor(1234), torch.tensor([1234]), torch.tensor([1234], dtype=torch.int32))
+    ]
     for other in outputs[1:]:
         for a, b in zip(outputs[0], other):
             assert torch.equal(a, b)
@@ -210,7 +242,11 @@ def test_seed_extremes_are_accepted(seed):
 @pytest.mark.parametrize(
     "value, exc, pattern",
     [
-        (torch.ones(B, dtype=torch.int64), TypeError, lit("in_thinking_phase must be a bool tensor [B] (got dtype torch.int64)")),
+        (
+            torch.ones(B, dtype=torch.int64),
+            TypeError,
+            lit("in_thinking_phase must be a bool tensor [B] (got dtype torch.int64)"),
+        ),
         ([True] * B, TypeError, r"in_thinking_phase must be a bool tensor.*\(got list\)"),
         (torch.ones(B + 1, dtype=torch.bool), ValueError, lit("in_thinking_phase must have shape [B] = [4] (got [5])")),
     ],
@@ -223,13 +259,27 @@ def test_in_thinking_phase_type_and_shape(value, exc, pattern):
 @pytest.mark.parametrize(
     "value, exc, pattern",
     [
-        (torch.full((B, K + 1, WORDS), -1, dtype=torch.int64), TypeError,
-         lit("token_bitmasks must be an int32 tensor [B, K+1, ceil(V/32)] (got dtype torch.int64)")),
+        (
+            torch.full((B, K + 1, WORDS), -1, dtype=torch.int64),
+            TypeError,
+            lit("token_bitmasks must be an int32 tensor [B, K+1, ceil(V/32)] (got dtype torch.int64)"),
+        ),
         (torch.ones(B, K + 1, V, dtype=torch.bool), TypeError, r"token_bitmasks.*\(got dtype torch\.bool\)"),
-        (torch.full((B, K + 1, 1), -1, dtype=torch.int32), ValueError,
-         lit("token_bitmasks must have shape [B, K+1, ceil(V/32)] = [4, 4, 2] (got [4, 4, 1])")),
-        (torch.full((B, K, WORDS), -1, dtype=torch.int32), ValueError, r"token_bitmasks must have shape .*\(got \[4, 3, 2\]\)"),
-        (torch.full((B * (K + 1), WORDS), -1, dtype=torch.int32), ValueError, r"token_bitmasks must have shape .*\(got \[16, 2\]\)"),
+        (
+            torch.full((B, K + 1, 1), -1, dtype=torch.int32),
+            ValueError,
+            lit("token_bitmasks must have shape [B, K+1, ceil(V/32)] = [4, 4, 2] (got [4, 4, 1])"),
+        ),
+        (
+            torch.full((B, K, WORDS), -1, dtype=torch.int32),
+            ValueError,
+            r"token_bitmasks must have shape .*\(got \[4, 3, 2\]\)",
+        ),
+        (
+            torch.full((B * (K + 1), WORDS), -1, dtype=torch.int32),
+            ValueError,
+            r"token_bitmasks must have shape .*\(got \[16, 2\]\)",
+        ),
     ],
     ids=["int64", "bool", "words", "positions", "2d"],
 )
@@ -240,8 +290,16 @@ def test_token_bitmasks_type_and_shape(value, exc, pattern):
 @pytest.mark.parametrize(
     "value, exc, pattern",
     [
-        (torch.zeros(B, K, V, dtype=torch.int64), TypeError, lit("draft_probs_full must be a float tensor [B, K, V] (got dtype torch.int64)")),
-        (torch.zeros(B, K + 1, V), ValueError, lit("draft_probs_full must have shape [B, K, V] = [4, 3, 40] (got [4, 4, 40])")),
+        (
+            torch.zeros(B, K, V, dtype=torch.int64),
+            TypeError,
+            lit("draft_probs_full must be a float tensor [B, K, V] (got dtype torch.int64)"),
+        ),
+        (
+            torch.zeros(B, K + 1, V),
+            ValueError,
+            lit("draft_probs_full must have shape [B, K, V] = [4, 3, 40] (got [4, 4, 40])"),
+        ),
         (torch.zeros(B, K, V + 1), ValueError, r"draft_probs_full must have shape .*\(got \[4, 3, 41\]\)"),
         (torch.zeros(B * K, V), ValueError, r"draft_probs_full must have shape .*\(got \[12, 40\]\)"),
     ],
@@ -286,7 +344,11 @@ def test_vocab_size_equal_to_V_is_accepted():
 @pytest.mark.parametrize("bad", [-2, -100, V, V + 7])
 def test_draft_ids_outside_range(bad):
     draft = with_value(base_args()["draft_tokens"], (1, 2), bad)
-    expect(ValueError, lit(f"draft_tokens must be in [-1, {V}) (got {bad} at row 1, position 2)"), base_args(draft_tokens=draft))
+    expect(
+        ValueError,
+        lit(f"draft_tokens must be in [-1, {V}) (got {bad} at row 1, position 2)"),
+        base_args(draft_tokens=draft),
+    )
 
 
 def test_draft_padding_minus_one_is_valid():
@@ -322,14 +384,23 @@ def test_target_logits_minus_inf_is_allowed_and_never_committed():
 
 def test_target_logits_position_all_minus_inf():
     logits = with_value(base_args()["target_logits"], (1 * (K + 1) + 3, slice(None)), float("-inf"))
-    expect(ValueError, r"target_logits must leave at least one token with a finite logit \(got none at row 1, position 3\)",
-           base_args(target_logits=logits))
+    expect(
+        ValueError,
+        r"target_logits must leave at least one token with a finite logit \(got none at row 1, position 3\)",
+        base_args(target_logits=logits),
+    )
 
 
-@pytest.mark.parametrize("bad, shown", [(-0.5, "-0.5"), (float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")])
+@pytest.mark.parametrize(
+    "bad, shown", [(-0.5, "-0.5"), (float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")]
+)
 def test_temperature_negative_nan_inf(bad, shown):
     temperature = with_value(torch.ones(B), 2, bad)
-    expect(ValueError, lit(f"temperature must be finite and >= 0 (got {shown} at row 2)"), base_args(temperature=temperature))
+    expect(
+        ValueError,
+        lit(f"temperature must be finite and >= 0 (got {shown} at row 2)"),
+        base_args(temperature=temperature),
+    )
 
 
 def test_temperature_zero_is_valid():
@@ -339,7 +410,9 @@ def test_temperature_zero_is_valid():
 @pytest.mark.parametrize("bad", [-2, -1000])
 def test_top_k_below_minus_one(bad):
     top_k = with_value(torch.full((B,), 5), 3, bad)
-    expect(ValueError, lit(f"top_k must be >= -1 (0 or -1 means no limit) (got {bad} at row 3)"), base_args(top_k=top_k))
+    expect(
+        ValueError, lit(f"top_k must be >= -1 (0 or -1 means no limit) (got {bad} at row 3)"), base_args(top_k=top_k)
+    )
 
 
 @pytest.mark.parametrize("value", [-1, 0, 1, V, 10 * V])
@@ -379,8 +452,6 @@ def test_max_k_not_minus_one_when_a_row_has_no_limit():
     expect(ValueError, lit("max_k must be -1 when a row has no top-k limit (row 1 has top_k 0) (got 7)"), args)
 
 
-
-
 @pytest.mark.parametrize("bad", [0, -2, -7])
 def test_max_k_zero_or_below_minus_one(bad):
     expect(ValueError, lit(f"max_k must be -1 (some row has no limit) or >= 1 (got {bad})"), base_args(max_k=bad))
@@ -414,10 +485,22 @@ def test_min_top_p_consistent_values_are_accepted():
 @pytest.mark.parametrize(
     "overrides, pattern",
     [
-        (dict(relaxed_topk=3), r"relaxed_topk and relaxed_delta must be given together .*\(got relaxed_topk=3, relaxed_delta=None\)"),
-        (dict(relaxed_delta=0.1), r"relaxed_topk and relaxed_delta must be given together .*\(got relaxed_topk=None, relaxed_delta=0\.1\)"),
-        (dict(in_thinking_phase=torch.ones(B, dtype=torch.bool)), lit("in_thinking_phase needs relaxed_topk and relaxed_delta (got neither)")),
-        (dict(in_thinking_phase=torch.ones(B, dtype=torch.bool), relaxed_topk=3), r"relaxed_topk and relaxed_delta must be given together"),
+        (
+            dict(relaxed_topk=3),
+            r"relaxed_topk and relaxed_delta must be given together .*\(got relaxed_topk=3, relaxed_delta=None\)",
+        ),
+        (
+            dict(relaxed_delta=0.1),
+            r"relaxed_topk and relaxed_delta must be given together .*\(got relaxed_topk=None, relaxed_delta=0\.1\)",
+        ),
+        (
+            dict(in_thinking_phase=torch.ones(B, dtype=torch.bool)),
+            lit("in_thinking_phase needs relaxed_topk and relaxed_delta (got neither)"),
+        ),
+        (
+            dict(in_thinking_phase=torch.ones(B, dtype=torch.bool), relaxed_topk=3),
+            r"relaxed_topk and relaxed_delta must be given together",
+        ),
     ],
     ids=["topk-only", "delta-only", "phase-only", "phase-and-topk"],
 )
@@ -427,7 +510,9 @@ def test_relaxed_arguments_incomplete(overrides, pattern):
 
 def test_relaxed_with_sampled_drafts():
     args = sampled_args(in_thinking_phase=torch.ones(B, dtype=torch.bool), relaxed_topk=3, relaxed_delta=0.1)
-    expect(ValueError, lit('relaxed_topk/relaxed_delta need draft_proposal="argmax" (got draft_proposal="sampled")'), args)
+    expect(
+        ValueError, lit('relaxed_topk/relaxed_delta need draft_proposal="argmax" (got draft_proposal="sampled")'), args
+    )
 
 
 @pytest.mark.parametrize(
@@ -451,24 +536,36 @@ def test_relaxed_topk_above_V_is_valid():
 
 @pytest.mark.parametrize("bad", ["greedy", "Argmax", None, 1])
 def test_unknown_draft_proposal(bad):
-    expect(ValueError, lit(f'draft_proposal must be "argmax" or "sampled" (got {bad!r})'), base_args(draft_proposal=bad))
+    expect(
+        ValueError, lit(f'draft_proposal must be "argmax" or "sampled" (got {bad!r})'), base_args(draft_proposal=bad)
+    )
 
 
 def test_sampled_without_draft_probs_full():
-    expect(ValueError, lit('draft_probs_full is required when draft_proposal="sampled" (got None)'), base_args(draft_proposal="sampled"))
+    expect(
+        ValueError,
+        lit('draft_probs_full is required when draft_proposal="sampled" (got None)'),
+        base_args(draft_proposal="sampled"),
+    )
 
 
 def test_draft_probs_full_with_argmax():
-    expect(ValueError, lit('draft_probs_full must be None when draft_proposal="argmax" (got a tensor)'),
-           base_args(draft_probs_full=draft_probs()))
+    expect(
+        ValueError,
+        lit('draft_probs_full must be None when draft_proposal="argmax" (got a tensor)'),
+        base_args(draft_probs_full=draft_probs()),
+    )
 
 
 def test_draft_probs_full_negative():
     probs = draft_probs()
     probs[1, 2, 3] -= 0.5
     probs[1, 2, 4] += 0.5  # the row still sums to 1: only the sign is wrong
-    expect(ValueError, r"draft_probs_full must be >= 0 \(got -0\.\d+ at row 1, position 2", sampled_args(draft_probs_full=probs))
-
+    expect(
+        ValueError,
+        r"draft_probs_full must be >= 0 \(got -0\.\d+ at row 1, position 2",
+        sampled_args(draft_probs_full=probs),
+    )
 
     probs[1, 2, 3] = -0.5
     probs[1, 2, 4] += 0.5 + float(draft_probs()[1, 2, 3])
@@ -485,8 +582,11 @@ def test_draft_probs_full_not_finite(bad, shown):
 def test_draft_probs_full_rows_not_summing_to_one(scale, shown):
     probs = draft_probs()
     probs[3, 1] *= scale
-    expect(ValueError, rf"draft_probs_full rows must sum to 1 \(within 1e-3\) or be all zero \(got a sum of {shown}",
-           sampled_args(draft_probs_full=probs))
+    expect(
+        ValueError,
+        rf"draft_probs_full rows must sum to 1 \(within 1e-3\) or be all zero \(got a sum of {shown}",
+        sampled_args(draft_probs_full=probs),
+    )
 
 
 def test_draft_probs_full_all_zero_rows_and_small_errors_are_allowed():
@@ -500,8 +600,11 @@ def test_draft_probs_full_all_zero_rows_and_small_errors_are_allowed():
 def test_bitmask_position_that_allows_nothing():
     allowed = torch.ones(B, K + 1, V, dtype=torch.bool)
     allowed[2, K] = False  # the bonus position of row 2
-    expect(ValueError, rf"token_bitmasks must leave at least one token with a finite logit \(got none at row 2, position {K}\)",
-           base_args(token_bitmasks=sv.pack_bitmask(allowed)))
+    expect(
+        ValueError,
+        rf"token_bitmasks must leave at least one token with a finite logit \(got none at row 2, position {K}\)",
+        base_args(token_bitmasks=sv.pack_bitmask(allowed)),
+    )
 
 
 def test_bitmask_that_allows_only_minus_inf_tokens():
@@ -509,13 +612,27 @@ def test_bitmask_that_allows_only_minus_inf_tokens():
     logits[1 * (K + 1) + 0, :10] = float("-inf")
     allowed = torch.ones(B, K + 1, V, dtype=torch.bool)
     allowed[1, 0, 10:] = False
-    expect(ValueError, r"token_bitmasks must leave at least one token with a finite logit \(got none at row 1, position 0\)",
-           base_args(target_logits=logits, token_bitmasks=sv.pack_bitmask(allowed)))
+    expect(
+        ValueError,
+        r"token_bitmasks must leave at least one token with a finite logit \(got none at row 1, position 0\)",
+        base_args(target_logits=logits, token_bitmasks=sv.pack_bitmask(allowed)),
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for a second device")
 @pytest.mark.parametrize(
-    "name", ["draft_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "in_thinking_phase", "token_bitmasks", "draft_probs_full"]
+    "name",
+    [
+        "draft_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "seed",
+        "in_thinking_phase",
+        "token_bitmasks",
+        "draft_probs_full",
+    ],
 )
 def test_tensors_on_different_devices(name):
     args = relaxed_args(min_p=torch.zeros(B), token_bitmasks=torch.full((B, K + 1, WORDS), -1, dtype=torch.int32))
@@ -533,7 +650,12 @@ def test_tensors_on_different_devices(name):
 def trunc_args(**overrides) -> dict:
     g = _generator(3)
     n = 5
-    args = dict(logits=torch.randn(n, V, generator=g), temperature=torch.ones(n), top_k=torch.full((n,), -1), top_p=torch.ones(n))
+    args = dict(
+        logits=torch.randn(n, V, generator=g),
+        temperature=torch.ones(n),
+        top_k=torch.full((n,), -1),
+        top_p=torch.ones(n),
+    )
     args.update(overrides)
     return args
 
@@ -542,21 +664,73 @@ def trunc_args(**overrides) -> dict:
 @pytest.mark.parametrize(
     "overrides, exc, pattern",
     [
-        (dict(logits=torch.zeros(5, V, dtype=torch.int64)), TypeError, r"logits must be a float32, float16 or bfloat16 tensor \[N, V\] \(got dtype torch\.int64\)"),
-        (dict(logits=torch.zeros(5, 2, V)), ValueError, lit("logits must have shape [N, V] with V >= 1 (got [5, 2, 40])")),
+        (
+            dict(logits=torch.zeros(5, V, dtype=torch.int64)),
+            TypeError,
+            r"logits must be a float32, float16 or bfloat16 tensor \[N, V\] \(got dtype torch\.int64\)",
+        ),
+        (
+            dict(logits=torch.zeros(5, 2, V)),
+            ValueError,
+            lit("logits must have shape [N, V] with V >= 1 (got [5, 2, 40])"),
+        ),
         (dict(logits=torch.zeros(5, 0)), ValueError, lit("logits must have shape [N, V] with V >= 1 (got [5, 0])")),
         (dict(temperature=torch.ones(6)), ValueError, lit("temperature must have shape [N] = [5] (got [6])")),
-        (dict(top_k=torch.ones(5)), TypeError, lit("top_k must be an int tensor of shape [N] (got dtype torch.float32)")),
-        (dict(top_p=torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])), ValueError, lit("top_p must be in (0, 1] (got 0.0 at row 2)")),
-        (dict(temperature=torch.tensor([1.0, -1.0, 1.0, 1.0, 1.0])), ValueError, lit("temperature must be finite and >= 0 (got -1.0 at row 1)")),
-        (dict(top_k=torch.tensor([1, 1, 1, 1, -3])), ValueError, lit("top_k must be >= -1 (0 or -1 means no limit) (got -3 at row 4)")),
-        (dict(min_p=torch.tensor([0.0, 0.0, 0.0, 2.0, 0.0])), ValueError, lit("min_p must be in [0, 1] (got 2.0 at row 3)")),
-        (dict(token_bitmask=torch.full((5, WORDS), -1, dtype=torch.int64)), TypeError, r"token_bitmask must be an int32 tensor.*\(got dtype torch\.int64\)"),
-        (dict(token_bitmask=torch.full((5, 1), -1, dtype=torch.int32)), ValueError, lit("token_bitmask must have shape [N, ceil(V/32)] = [5, 2] (got [5, 1])")),
-        (dict(token_bitmask=with_value(torch.full((5, WORDS), -1, dtype=torch.int32), 3, 0)), ValueError, r"token_bitmask must leave at least one token with a finite logit \(got none at row 3\)"),
+        (
+            dict(top_k=torch.ones(5)),
+            TypeError,
+            lit("top_k must be an int tensor of shape [N] (got dtype torch.float32)"),
+        ),
+        (
+            dict(top_p=torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])),
+            ValueError,
+            lit("top_p must be in (0, 1] (got 0.0 at row 2)"),
+        ),
+        (
+            dict(temperature=torch.tensor([1.0, -1.0, 1.0, 1.0, 1.0])),
+            ValueError,
+            lit("temperature must be finite and >= 0 (got -1.0 at row 1)"),
+        ),
+        (
+            dict(top_k=torch.tensor([1, 1, 1, 1, -3])),
+            ValueError,
+            lit("top_k must be >= -1 (0 or -1 means no limit) (got -3 at row 4)"),
+        ),
+        (
+            dict(min_p=torch.tensor([0.0, 0.0, 0.0, 2.0, 0.0])),
+            ValueError,
+            lit("min_p must be in [0, 1] (got 2.0 at row 3)"),
+        ),
+        (
+            dict(token_bitmask=torch.full((5, WORDS), -1, dtype=torch.int64)),
+            TypeError,
+            r"token_bitmask must be an int32 tensor.*\(got dtype torch\.int64\)",
+        ),
+        (
+            dict(token_bitmask=torch.full((5, 1), -1, dtype=torch.int32)),
+            ValueError,
+            lit("token_bitmask must have shape [N, ceil(V/32)] = [5, 2] (got [5, 1])"),
+        ),
+        (
+            dict(token_bitmask=with_value(torch.full((5, WORDS), -1, dtype=torch.int32), 3, 0)),
+            ValueError,
+            r"token_bitmask must leave at least one token with a finite logit \(got none at row 3\)",
+        ),
     ],
-    ids=["logits-int", "logits-3d", "V=0", "temperature-shape", "top_k-float", "top_p-0", "temperature-neg", "top_k-3",
-         "min_p-2", "bitmask-int64", "bitmask-shape", "bitmask-empty"],
+    ids=[
+        "logits-int",
+        "logits-3d",
+        "V=0",
+        "temperature-shape",
+        "top_k-float",
+        "top_p-0",
+        "temperature-neg",
+        "top_k-3",
+        "min_p-2",
+        "bitmask-int64",
+        "bitmask-shape",
+        "bitmask-empty",
+    ],
 )
 def test_truncated_probs_and_sample_errors(function, overrides, exc, pattern):
     args = trunc_args(**overrides)
@@ -591,11 +765,22 @@ def test_sample_seed_errors(seed, exc, pattern):
 @pytest.mark.parametrize(
     "kwargs, exc, pattern",
     [
-        (dict(use_stochastic=True, draft_proposal="sampled", relaxed_topk=3, relaxed_delta=0.1), ValueError,
-         lit('relaxed_topk/relaxed_delta need draft_proposal="argmax" (got "sampled")')),
-        (dict(use_stochastic=True, relaxed_topk=3), ValueError, r"relaxed_topk and relaxed_delta must be given together .*relaxed_delta=None"),
-        (dict(use_stochastic=True, relaxed_delta=0.1), ValueError, r"relaxed_topk and relaxed_delta must be given together .*relaxed_topk=None"),
-        (dict(draft_proposal="tree"), ValueError, lit("draft_proposal must be \"argmax\" or \"sampled\" (got 'tree')")),
+        (
+            dict(use_stochastic=True, draft_proposal="sampled", relaxed_topk=3, relaxed_delta=0.1),
+            ValueError,
+            lit('relaxed_topk/relaxed_delta need draft_proposal="argmax" (got "sampled")'),
+        ),
+        (
+            dict(use_stochastic=True, relaxed_topk=3),
+            ValueError,
+            r"relaxed_topk and relaxed_delta must be given together .*relaxed_delta=None",
+        ),
+        (
+            dict(use_stochastic=True, relaxed_delta=0.1),
+            ValueError,
+            r"relaxed_topk and relaxed_delta must be given together .*relaxed_topk=None",
+        ),
+        (dict(draft_proposal="tree"), ValueError, lit('draft_proposal must be "argmax" or "sampled" (got \'tree\')')),
         (dict(num_draft_steps=0), ValueError, lit("num_draft_steps must be >= 1 (got 0)")),
         (dict(num_draft_steps=2.0), TypeError, lit("num_draft_steps must be an int (got float)")),
         (dict(relaxed_topk=0, relaxed_delta=0.1), ValueError, lit("relaxed_topk must be >= 1 (got 0)")),
@@ -603,13 +788,22 @@ def test_sample_seed_errors(seed, exc, pattern):
         (dict(vocab_size=0), ValueError, lit("vocab_size must be >= 1 (got 0)")),
         (dict(synthetic_acceptance_rate="high"), TypeError, r"\(got str\)"),
     ],
-    ids=["relaxed-sampled", "topk-only", "delta-only", "proposal", "steps-0", "steps-float", "topk-0", "delta-neg", "vocab-0", "rate-str"],
+    ids=[
+        "relaxed-sampled",
+        "topk-only",
+        "delta-only",
+        "proposal",
+        "steps-0",
+        "steps-float",
+        "topk-0",
+        "delta-neg",
+        "vocab-0",
+        "rate-str",
+    ],
 )
 def test_acceptance_sampler_construction_errors(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         sv.AcceptanceSampler(**kwargs)
-
-
 
 
 def test_acceptance_sampler_bad_synthetic_rate_raises_at_construction():
@@ -623,23 +817,53 @@ def test_acceptance_sampler_bad_synthetic_rate_raises_at_construction():
         (dict(base_acceptance_rate=1.5), ValueError, lit("base_acceptance_rate must be in [0, 1] (got 1.5)")),
         (dict(base_acceptance_rate=float("nan")), ValueError, lit("base_acceptance_rate must be in [0, 1] (got nan)")),
         (dict(base_acceptance_rate="x"), TypeError, lit("base_acceptance_rate must be a float (got str)")),
-        (dict(num_draft_steps=K + 1), ValueError, lit("num_draft_steps must equal K = draft_tokens.shape[1] (got 4 for shape [4, 3])")),
+        (
+            dict(num_draft_steps=K + 1),
+            ValueError,
+            lit("num_draft_steps must equal K = draft_tokens.shape[1] (got 4 for shape [4, 3])"),
+        ),
         (dict(num_draft_steps=-1), ValueError, lit("num_draft_steps must be >= 0 (got -1)")),
-        (dict(draft_tokens=torch.zeros(B, K)), TypeError, r"draft_tokens must be an int32 or int64 tensor.*\(got dtype torch\.float32\)"),
+        (
+            dict(draft_tokens=torch.zeros(B, K)),
+            TypeError,
+            r"draft_tokens must be an int32 or int64 tensor.*\(got dtype torch\.float32\)",
+        ),
         (dict(top_q=0.5), TypeError, r"synthetic_acceptance_sampler got unknown sampling arguments \['top_q'\]"),
         (dict(top_p=torch.tensor([1.0, 2.0, 1.0, 1.0])), ValueError, lit("top_p must be in (0, 1] (got 2.0 at row 1)")),
         (dict(seed=0.5), TypeError, lit("seed must be an int or an integer tensor (got float)")),
-        (dict(draft_tokens=torch.tensor([[0, 1, 2], [3, V, 4], [0, 0, 0], [1, 1, 1]])), ValueError,
-         lit(f"draft_tokens must be in [-1, {V}) (got {V} at row 1, position 1)")),
-        (dict(draft_tokens=torch.tensor([[0, 1, 2], [3, -2, 4], [0, 0, 0], [1, 1, 1]])), ValueError,
-         lit(f"draft_tokens must be in [-1, {V}) (got -2 at row 1, position 1)")),
+        (
+            dict(draft_tokens=torch.tensor([[0, 1, 2], [3, V, 4], [0, 0, 0], [1, 1, 1]])),
+            ValueError,
+            lit(f"draft_tokens must be in [-1, {V}) (got {V} at row 1, position 1)"),
+        ),
+        (
+            dict(draft_tokens=torch.tensor([[0, 1, 2], [3, -2, 4], [0, 0, 0], [1, 1, 1]])),
+            ValueError,
+            lit(f"draft_tokens must be in [-1, {V}) (got -2 at row 1, position 1)"),
+        ),
     ],
-    ids=["rate-1.5", "rate-nan", "rate-str", "steps-K+1", "steps-neg", "draft-float", "unknown-kw", "top_p", "seed",
-         "draft-id-V", "draft-id-below-pad"],
+    ids=[
+        "rate-1.5",
+        "rate-nan",
+        "rate-str",
+        "steps-K+1",
+        "steps-neg",
+        "draft-float",
+        "unknown-kw",
+        "top_p",
+        "seed",
+        "draft-id-V",
+        "draft-id-below-pad",
+    ],
 )
 def test_synthetic_acceptance_sampler_errors(overrides, exc, pattern):
-    args = dict(draft_tokens=base_args()["draft_tokens"], target_logits=base_args()["target_logits"],
-                base_acceptance_rate=0.5, num_draft_steps=K, seed=0)
+    args = dict(
+        draft_tokens=base_args()["draft_tokens"],
+        target_logits=base_args()["target_logits"],
+        base_acceptance_rate=0.5,
+        num_draft_steps=K,
+        seed=0,
+    )
     args.update(overrides)
     with pytest.raises(exc, match=pattern):
         sv.synthetic_acceptance_sampler(**args)
@@ -662,8 +886,11 @@ def test_compute_synthetic_acceptance_base_rate_errors(p_avg, n, exc, pattern):
 
 
 def _outputs(batch: int = B, positions: int = K):
-    return (torch.zeros(batch, dtype=torch.int64), torch.zeros(batch, positions, dtype=torch.int64),
-            torch.zeros(batch, 1, dtype=torch.int64))
+    return (
+        torch.zeros(batch, dtype=torch.int64),
+        torch.zeros(batch, positions, dtype=torch.int64),
+        torch.zeros(batch, 1, dtype=torch.int64),
+    )
 
 
 @pytest.mark.parametrize(
@@ -672,7 +899,12 @@ def _outputs(batch: int = B, positions: int = K):
         (0, torch.zeros(B), TypeError, r"first_rejected_idx must be an integer tensor \[B\]"),
         (1, torch.zeros(B, K), TypeError, r"recovered_tokens must be an integer tensor \[B"),
         (2, [[0]] * B, TypeError, r"bonus_tokens must be an integer tensor \[B"),
-        (0, torch.zeros(B + 1, dtype=torch.int64), ValueError, lit("first_rejected_idx must be [B] and bonus_tokens [B, 1] with B = 4 (got [5] and [4, 1])")),
+        (
+            0,
+            torch.zeros(B + 1, dtype=torch.int64),
+            ValueError,
+            lit("first_rejected_idx must be [B] and bonus_tokens [B, 1] with B = 4 (got [5] and [4, 1])"),
+        ),
         (2, torch.zeros(B, 2, dtype=torch.int64), ValueError, lit("with B = 4 (got [4] and [4, 2])")),
     ],
     ids=["f-float", "recovered-float", "bonus-list", "f-shape", "bonus-shape"],
@@ -683,7 +915,6 @@ def test_committed_tokens_errors(index, value, exc, pattern):
     with pytest.raises(exc, match=pattern):
         sv.committed_tokens(*args)
 
-
     args[0] = torch.zeros(B, 1, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"first_rejected_idx.*\[4, 1\]"):
         sv.committed_tokens(*args)
@@ -692,22 +923,43 @@ def test_committed_tokens_errors(index, value, exc, pattern):
 @pytest.mark.parametrize(
     "call_, exc, pattern",
     [
-        (lambda: sv.pack_bitmask(torch.ones(3, V, dtype=torch.int32)), TypeError, lit("allowed must be a bool tensor (got torch.int32)")),
+        (
+            lambda: sv.pack_bitmask(torch.ones(3, V, dtype=torch.int32)),
+            TypeError,
+            lit("allowed must be a bool tensor (got torch.int32)"),
+        ),
         (lambda: sv.pack_bitmask([True] * V), TypeError, lit("allowed must be a bool tensor (got list)")),
-        (lambda: sv.pack_bitmask(torch.tensor(True)), ValueError, lit("allowed must have a vocabulary dimension (got a 0-d tensor)")),
-        (lambda: sv.unpack_bitmask(torch.zeros(3, WORDS, dtype=torch.int64), V), TypeError, lit("bitmask must be an int32 tensor (got torch.int64)")),
-        (lambda: sv.unpack_bitmask(torch.zeros(3, WORDS + 1, dtype=torch.int32), V), ValueError,
-         lit("bitmask must have ceil(vocab_size/32) = 2 words in its last dim (got shape (3, 3))")),
-        (lambda: sv.unpack_bitmask(torch.tensor(0, dtype=torch.int32), 1), ValueError, r"bitmask must have ceil\(vocab_size/32\) = 1 words .*\(got shape \(\)\)"),
-        (lambda: sv.unpack_bitmask(torch.zeros(3, WORDS, dtype=torch.int32), -1), ValueError, lit("vocab_size must be an int >= 0 (got -1)")),
+        (
+            lambda: sv.pack_bitmask(torch.tensor(True)),
+            ValueError,
+            lit("allowed must have a vocabulary dimension (got a 0-d tensor)"),
+        ),
+        (
+            lambda: sv.unpack_bitmask(torch.zeros(3, WORDS, dtype=torch.int64), V),
+            TypeError,
+            lit("bitmask must be an int32 tensor (got torch.int64)"),
+        ),
+        (
+            lambda: sv.unpack_bitmask(torch.zeros(3, WORDS + 1, dtype=torch.int32), V),
+            ValueError,
+            lit("bitmask must have ceil(vocab_size/32) = 2 words in its last dim (got shape (3, 3))"),
+        ),
+        (
+            lambda: sv.unpack_bitmask(torch.tensor(0, dtype=torch.int32), 1),
+            ValueError,
+            r"bitmask must have ceil\(vocab_size/32\) = 1 words .*\(got shape \(\)\)",
+        ),
+        (
+            lambda: sv.unpack_bitmask(torch.zeros(3, WORDS, dtype=torch.int32), -1),
+            ValueError,
+            lit("vocab_size must be an int >= 0 (got -1)"),
+        ),
     ],
     ids=["pack-int", "pack-list", "pack-0d", "unpack-int64", "unpack-words", "unpack-0d", "unpack-negative-V"],
 )
 def test_bitmask_errors(call_, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call_()
-
-
 
 
 @pytest.mark.parametrize(
@@ -723,8 +975,6 @@ def test_bitmask_errors(call_, exc, pattern):
 def test_keyed_uniform_errors(keys, stream, exc, pattern):
     with pytest.raises(exc, match=pattern):
         sv.keyed_uniform(keys, stream)
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -757,8 +1007,15 @@ def rich_sampled_args() -> dict:
 def rich_relaxed_args() -> dict:
     args = rich_sampled_args()
     del args["draft_probs_full"]
-    return {**args, "draft_proposal": "argmax", "in_thinking_phase": torch.tensor([True, True, False, True]),
-            "relaxed_topk": 4, "relaxed_delta": 0.3, "max_k": torch.tensor(-1), "min_top_p": torch.tensor(0.8)}
+    return {
+        **args,
+        "draft_proposal": "argmax",
+        "in_thinking_phase": torch.tensor([True, True, False, True]),
+        "relaxed_topk": 4,
+        "relaxed_delta": 0.3,
+        "max_k": torch.tensor(-1),
+        "min_top_p": torch.tensor(0.8),
+    }
 
 
 def _snapshot(args: dict) -> dict:
@@ -821,8 +1078,12 @@ def _equal_outputs(a, b) -> bool:
     [
         rich_sampled_args,
         rich_relaxed_args,
-        lambda: base_args(top_k=torch.tensor([3, 7, 1, 25]), max_k=25, top_p=torch.tensor([0.5, 0.95, 1.0, 0.7]), min_top_p=0.5),
-        lambda: base_args(top_k=torch.tensor([3, 7, 1, 25]), top_p=torch.tensor([0.5, 0.95, 1.0, 0.7])),  # derived hints
+        lambda: base_args(
+            top_k=torch.tensor([3, 7, 1, 25]), max_k=25, top_p=torch.tensor([0.5, 0.95, 1.0, 0.7]), min_top_p=0.5
+        ),
+        lambda: base_args(
+            top_k=torch.tensor([3, 7, 1, 25]), top_p=torch.tensor([0.5, 0.95, 1.0, 0.7])
+        ),  # derived hints
         lambda: base_args(top_k=torch.tensor([3, 7, 0, 25]), max_k=torch.tensor(-1), min_top_p=torch.tensor(1.0)),
         lambda: base_args(temperature=torch.tensor([0.0, 1e-6, 1.0, 0.0])),
     ],
@@ -861,8 +1122,13 @@ def _garbage(mode: str) -> dict:
     draft[0, 0] = V + 5
     draft[1, 1] = -7
     draft[3, 2] = 10**9
-    args = base_args(draft_tokens=draft, target_logits=logits, temperature=torch.tensor([1.0, 0.0, 0.5, 1.0]),
-                     top_k=torch.tensor([5, -1, 0, 3]), top_p=torch.tensor([0.9, 1.0, 1.0, 0.5]))
+    args = base_args(
+        draft_tokens=draft,
+        target_logits=logits,
+        temperature=torch.tensor([1.0, 0.0, 0.5, 1.0]),
+        top_k=torch.tensor([5, -1, 0, 3]),
+        top_p=torch.tensor([0.9, 1.0, 1.0, 0.5]),
+    )
     if mode == "sampled":
         probs = draft_probs(22)
         probs[2, 2, 4] = float("nan")
@@ -874,8 +1140,12 @@ def _garbage(mode: str) -> dict:
         allowed[1, 0] = False
         args.update(token_bitmasks=sv.pack_bitmask(allowed), min_p=torch.full((B,), 0.2))
     elif mode == "bad-params":  # values the checks would refuse
-        args.update(temperature=torch.tensor([-1.0, float("nan"), float("inf"), 1.0]), top_k=torch.tensor([-5, 0, 2, 1]),
-                    top_p=torch.tensor([0.0, 2.0, float("nan"), -1.0]), min_p=torch.tensor([2.0, -1.0, float("nan"), 0.5]))
+        args.update(
+            temperature=torch.tensor([-1.0, float("nan"), float("inf"), 1.0]),
+            top_k=torch.tensor([-5, 0, 2, 1]),
+            top_p=torch.tensor([0.0, 2.0, float("nan"), -1.0]),
+            min_p=torch.tensor([2.0, -1.0, float("nan"), 0.5]),
+        )
     return args
 
 

@@ -36,8 +36,10 @@ def reference_greedy(draft: torch.Tensor, logits: torch.Tensor, allowed: torch.T
     """SPEC §3.3 row by row: (f [B], argmax at every position [B, K+1])."""
     batch, positions = draft.shape
     targets = [
-        [reference_argmax(logits[b, j].float().tolist(), None if allowed is None else allowed[b, j].tolist())
-         for j in range(positions + 1)]
+        [
+            reference_argmax(logits[b, j].float().tolist(), None if allowed is None else allowed[b, j].tolist())
+            for j in range(positions + 1)
+        ]
         for b in range(batch)
     ]
     firsts = []
@@ -273,15 +275,31 @@ def sampler_inputs(seed: int = 11) -> dict:
 
 def direct_stochastic(inputs: dict, **kwargs):
     return sv.stochastic_acceptance_sampler(
-        inputs["draft_tokens"], inputs["target_logits"], inputs["temperature"], inputs["top_k"], None,
-        inputs["top_p"], None, inputs["seed"], token_bitmasks=inputs["token_bitmasks"], min_p=inputs["min_p"], **kwargs
+        inputs["draft_tokens"],
+        inputs["target_logits"],
+        inputs["temperature"],
+        inputs["top_k"],
+        None,
+        inputs["top_p"],
+        None,
+        inputs["seed"],
+        token_bitmasks=inputs["token_bitmasks"],
+        min_p=inputs["min_p"],
+        **kwargs,
     )
 
 
 def call_configured(sampler: sv.AcceptanceSampler, inputs: dict, **kwargs):
     return sampler(
-        inputs["draft_tokens"], inputs["target_logits"], seed=inputs["seed"], temperature=inputs["temperature"],
-        top_k=inputs["top_k"], top_p=inputs["top_p"], token_bitmasks=inputs["token_bitmasks"], min_p=inputs["min_p"], **kwargs
+        inputs["draft_tokens"],
+        inputs["target_logits"],
+        seed=inputs["seed"],
+        temperature=inputs["temperature"],
+        top_k=inputs["top_k"],
+        top_p=inputs["top_p"],
+        token_bitmasks=inputs["token_bitmasks"],
+        min_p=inputs["min_p"],
+        **kwargs,
     )
 
 
@@ -308,8 +326,16 @@ def test_acceptance_sampler_synthetic_matches_direct_call():
     assert sampler.base_acceptance_rate == rate
     got = call_configured(sampler, inputs)
     expected = sv.synthetic_acceptance_sampler(
-        inputs["draft_tokens"], inputs["target_logits"], rate, K, inputs["seed"], temperature=inputs["temperature"],
-        top_k=inputs["top_k"], top_p=inputs["top_p"], token_bitmasks=inputs["token_bitmasks"], min_p=inputs["min_p"],
+        inputs["draft_tokens"],
+        inputs["target_logits"],
+        rate,
+        K,
+        inputs["seed"],
+        temperature=inputs["temperature"],
+        top_k=inputs["top_k"],
+        top_p=inputs["top_p"],
+        token_bitmasks=inputs["token_bitmasks"],
+        min_p=inputs["min_p"],
     )
     assert _equal_outputs(got, expected)
     assert not _equal_outputs(got, direct_stochastic(inputs))  # the mode matters for these inputs
@@ -355,15 +381,26 @@ def test_acceptance_sampler_defaults():
     """Missing sampling arguments: temperature 1, no top-k, top_p 1, seed 0 (stochastic mode)."""
     inputs = sampler_inputs()
     got = sv.AcceptanceSampler(use_stochastic=True)(inputs["draft_tokens"], inputs["target_logits"])
-    expected = sv.stochastic_acceptance_sampler(inputs["draft_tokens"], inputs["target_logits"], torch.ones(B),
-                                                torch.full((B,), -1), None, torch.ones(B), None, 0)
+    expected = sv.stochastic_acceptance_sampler(
+        inputs["draft_tokens"],
+        inputs["target_logits"],
+        torch.ones(B),
+        torch.full((B,), -1),
+        None,
+        torch.ones(B),
+        None,
+        0,
+    )
     assert _equal_outputs(got, expected)
 
 
 @pytest.mark.parametrize(
     "kwargs, pattern",
     [
-        (dict(use_stochastic=True, draft_proposal="sampled", relaxed_topk=3, relaxed_delta=0.1), r'need draft_proposal="argmax"'),
+        (
+            dict(use_stochastic=True, draft_proposal="sampled", relaxed_topk=3, relaxed_delta=0.1),
+            r'need draft_proposal="argmax"',
+        ),
         (dict(draft_proposal="sampled", relaxed_topk=3, relaxed_delta=0.1), r'need draft_proposal="argmax"'),
         (dict(use_stochastic=True, relaxed_topk=3), r"relaxed_topk and relaxed_delta must be given together"),
         (dict(use_stochastic=True, relaxed_delta=0.2), r"relaxed_topk and relaxed_delta must be given together"),

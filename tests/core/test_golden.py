@@ -156,13 +156,26 @@ def _params():
     )
 
 
-def _run(mode: str, seed, logits: torch.Tensor, draft: torch.Tensor, allowed: np.ndarray, q: torch.Tensor | None, **kwargs):
+def _run(
+    mode: str, seed, logits: torch.Tensor, draft: torch.Tensor, allowed: np.ndarray, q: torch.Tensor | None, **kwargs
+):
     """The verifier on the golden parameters -> (first_rejected_idx, committed tokens of each row)."""
     temperature, top_k, top_p, min_p = _params()
     out = sv.stochastic_acceptance_sampler(
-        draft, logits, temperature, top_k, None, top_p, None, seed, token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
-        draft_proposal=mode, draft_probs_full=q, min_p=min_p, **kwargs,
-    )  # fmt: skip
+        draft,
+        logits,
+        temperature,
+        top_k,
+        None,
+        top_p,
+        None,
+        seed,
+        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
+        draft_proposal=mode,
+        draft_probs_full=q,
+        min_p=min_p,
+        **kwargs,
+    )
     tokens, count = sv.committed_tokens(*out)
     return out[0].tolist(), [row[:n] for row, n in zip(tokens.tolist(), count.tolist())]
 
@@ -184,9 +197,17 @@ def test_verifier_golden_calls(code_path, mode, seeding, validate):
 def test_verifier_golden_call_with_thinking_rows(code_path, validate):
     logits, allowed = golden_inputs()
     got = _run(
-        "argmax", _keys(SEEDS), torch.as_tensor(logits), torch.tensor(THINKING_DRAFT), allowed, None,
-        in_thinking_phase=torch.tensor(THINKING_ROWS), relaxed_topk=RELAXED_TOPK, relaxed_delta=RELAXED_DELTA, validate=validate,
-    )  # fmt: skip
+        "argmax",
+        _keys(SEEDS),
+        torch.as_tensor(logits),
+        torch.tensor(THINKING_DRAFT),
+        allowed,
+        None,
+        in_thinking_phase=torch.tensor(THINKING_ROWS),
+        relaxed_topk=RELAXED_TOPK,
+        relaxed_delta=RELAXED_DELTA,
+        validate=validate,
+    )
     assert got == GOLDEN_THINKING
 
 
@@ -225,7 +246,12 @@ def test_golden_verdicts_are_explained(mode, seeding):
             verdict = oracle.argmax_row(laws[b], ARGMAX_DRAFT[b], u[mixer.STREAM_TARGET])
         else:
             verdict = oracle.sampled_row(
-                laws[b], SAMPLED_DRAFT[b], q[b], u[mixer.STREAM_ACCEPT], u[mixer.STREAM_RESIDUAL], u[mixer.STREAM_TARGET][K]
+                laws[b],
+                SAMPLED_DRAFT[b],
+                q[b],
+                u[mixer.STREAM_ACCEPT],
+                u[mixer.STREAM_RESIDUAL],
+                u[mixer.STREAM_TARGET][K],
             )
         assert verdict.margin > oracle.AMBIGUOUS, f"row {b} is too close to a boundary to explain"
         first.append(verdict.first_rejected)
@@ -258,16 +284,23 @@ def test_sample_golden_values(code_path):
     temperature, top_k, top_p, min_p = (t.repeat_interleave(K + 1) for t in _params())
     keys = _keys([s + j for s in SEEDS for j in range(K + 1)])
     got = sv.sample(
-        torch.as_tensor(logits).reshape(-1, V), temperature, top_k, top_p, keys, min_p,
+        torch.as_tensor(logits).reshape(-1, V),
+        temperature,
+        top_k,
+        top_p,
+        keys,
+        min_p,
         sv.pack_bitmask(torch.as_tensor(allowed)).reshape(B * (K + 1), -1),
-    )  # fmt: skip
+    )
     assert got.view(B, K + 1).tolist() == GOLDEN_SAMPLES
 
 
 def test_golden_samples_are_explained():
     logits, allowed = golden_inputs()
     for b, (laws, s) in enumerate(zip(_oracle_laws(logits, allowed), SEEDS)):
-        draws = [oracle.inverse_cdf(law.probs, mixer.keyed_uniform(s + j, mixer.STREAM_TARGET)) for j, law in enumerate(laws)]
+        draws = [
+            oracle.inverse_cdf(law.probs, mixer.keyed_uniform(s + j, mixer.STREAM_TARGET)) for j, law in enumerate(laws)
+        ]
         assert min(min(d.margin for d in draws), min(law.margin for law in laws)) > oracle.AMBIGUOUS
         assert [d.token for d in draws] == GOLDEN_SAMPLES[b]
 
@@ -290,6 +323,8 @@ def test_sample_golden_values_over_several_blocks(code_path):
 def test_golden_wide_samples_are_explained():
     logits = grid(4, (len(WIDE_SEEDS), WIDE_VOCAB), levels=24, step=0.25)
     laws = oracle.row_laws(logits, *WIDE_PARAMS)
-    draws = [oracle.inverse_cdf(law.probs, mixer.keyed_uniform(s, mixer.STREAM_TARGET)) for law, s in zip(laws, WIDE_SEEDS)]
+    draws = [
+        oracle.inverse_cdf(law.probs, mixer.keyed_uniform(s, mixer.STREAM_TARGET)) for law, s in zip(laws, WIDE_SEEDS)
+    ]
     assert min(min(d.margin for d in draws), min(law.margin for law in laws)) > oracle.AMBIGUOUS
     assert [d.token for d in draws] == GOLDEN_WIDE_SAMPLES

@@ -28,8 +28,13 @@ def _args(logits: torch.Tensor, mode: str, seed: int = 0, **overrides) -> dict:
     g = torch.Generator().manual_seed(seed)
     args = dict(
         draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g),
-        target_logits=logits, temperature=torch.ones(batch), top_k=torch.full((batch,), -1), max_k=None,
-        top_p=torch.ones(batch), min_top_p=None, seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
+        target_logits=logits,
+        temperature=torch.ones(batch),
+        top_k=torch.full((batch,), -1),
+        max_k=None,
+        top_p=torch.ones(batch),
+        min_top_p=None,
+        seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
     )
     if mode == "sampled":
         q = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 3, -1)
@@ -48,7 +53,9 @@ def _committed(out) -> torch.Tensor:
 
 
 def _row_params(batch: int, g: torch.Generator, vocab: int) -> dict:
-    pick = lambda values, dtype: torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch,), generator=g)]  # noqa: E731
+    def pick(values, dtype):
+        return torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch,), generator=g)]
+
     return dict(
         temperature=pick(TEMPERATURES + [0.0], torch.float32),
         top_k=pick([-1, 1, 3, vocab, vocab + 1], torch.int64),
@@ -63,7 +70,8 @@ def _row_params(batch: int, g: torch.Generator, vocab: int) -> dict:
 
 @pytest.mark.parametrize("mode", ["argmax", "sampled", "relaxed"])
 @pytest.mark.parametrize(
-    "dtype, magnitude", [(torch.float32, 1e30), (torch.float32, FP32_MAX), (torch.bfloat16, 1e30), (torch.float16, FP16_MAX)],
+    "dtype, magnitude",
+    [(torch.float32, 1e30), (torch.float32, FP32_MAX), (torch.bfloat16, 1e30), (torch.float16, FP16_MAX)],
     ids=["fp32-1e30", "fp32-max", "bf16-1e30", "fp16-max"],
 )
 def test_huge_logits_with_a_unique_maximum_commit_it(code_path, mode, dtype, magnitude):
@@ -86,7 +94,9 @@ def test_huge_logits_with_a_unique_maximum_commit_it(code_path, mode, dtype, mag
     committed = tokens >= 0
     assert torch.equal(tokens[committed], top[committed]), "a huge-logit row committed something other than its maximum"
     probs = sv.truncated_probs(logits.reshape(-1, vocab), args["temperature"].repeat_interleave(positions + 1), -1, 1.0)
-    assert torch.isfinite(probs).all() and torch.equal(probs.argmax(-1), top.reshape(-1)) and (probs.amax(-1) == 1).all()
+    assert (
+        torch.isfinite(probs).all() and torch.equal(probs.argmax(-1), top.reshape(-1)) and (probs.amax(-1) == 1).all()
+    )
 
 
 @pytest.mark.parametrize("dtype, magnitude", [(torch.float32, 1e30), (torch.float16, FP16_MAX), (torch.bfloat16, 1e30)])
@@ -116,8 +126,11 @@ def test_all_equal_rows_keep_every_token(code_path, vocab):
     rows = 8
     logits = torch.full((rows, vocab), 1.25)
     probs = sv.truncated_probs(
-        logits, torch.tensor([1e-5, 0.5, 1.0, 100.0] * 2), torch.tensor([1, 2, vocab - 1, -1, 1, 3, vocab, 10 * vocab]),
-        torch.tensor([1e-6, 0.5, 1.0, 0.999, 1e-3, 0.2, 0.9, 1.0]), torch.tensor([0.0, 1.0, 0.5, 0.999999, 1.0, 0.0, 0.3, 1.0]),
+        logits,
+        torch.tensor([1e-5, 0.5, 1.0, 100.0] * 2),
+        torch.tensor([1, 2, vocab - 1, -1, 1, 3, vocab, 10 * vocab]),
+        torch.tensor([1e-6, 0.5, 1.0, 0.999, 1e-3, 0.2, 0.9, 1.0]),
+        torch.tensor([0.0, 1.0, 0.5, 0.999999, 1.0, 0.0, 0.3, 1.0]),
     )
     assert torch.allclose(probs, torch.full_like(probs, 1 / vocab)), "an all-equal row was not kept whole"
 
@@ -126,7 +139,13 @@ def test_all_equal_rows_keep_every_token(code_path, vocab):
 def test_all_equal_rows_commit_uniformly_and_greedy_takes_token_zero(code_path, mode):
     rows, positions, vocab = 6000, 1, 9
     logits = torch.zeros(rows, positions + 1, vocab)
-    args = _args(logits, mode, temperature=torch.full((rows,), 1e-5), top_k=torch.full((rows,), 2), top_p=torch.full((rows,), 0.1))
+    args = _args(
+        logits,
+        mode,
+        temperature=torch.full((rows,), 1e-5),
+        top_k=torch.full((rows,), 2),
+        top_p=torch.full((rows,), 0.1),
+    )
     out = sv.stochastic_acceptance_sampler(**args)
     tokens = _committed(out)
     # temperature exactly 1e-5 is not greedy (SPEC: < 1e-5), and ties survive top-k and top-p
@@ -247,8 +266,12 @@ def test_nearly_flat_256k_vocabulary_runs_in_every_mode(code_path, mode):
     batch, positions, vocab = 2, 1, 256_000
     logits = _flat(vocab, batch * (positions + 1), 1e-3).view(batch, positions + 1, vocab)
     g = torch.Generator().manual_seed(5)
-    params = dict(temperature=torch.tensor([1.0, 0.0]), top_k=torch.tensor([-1, 100_000]), top_p=torch.tensor([0.9, 1.0]),
-                  min_p=torch.tensor([0.0, 0.999]))
+    params = dict(
+        temperature=torch.tensor([1.0, 0.0]),
+        top_k=torch.tensor([-1, 100_000]),
+        top_p=torch.tensor([0.9, 1.0]),
+        min_p=torch.tensor([0.0, 0.999]),
+    )
     args = _args(logits, mode, **params)
     if mode == "sampled":
         args["draft_probs_full"] = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 1e-3, -1)
@@ -266,7 +289,9 @@ def test_nearly_flat_256k_top_k_and_min_p_are_exact(code_path):
     for min_p in (0.999, 0.9995):
         probs = sv.truncated_probs(logits, 1.0, -1, 1.0, min_p=torch.full((2,), min_p))
         ratio = weights.double()
-        assert ((ratio[probs > 0] >= min_p * (1 - 2e-6))).all() and (ratio[probs == 0] < min_p * (1 + 2e-6)).all(), f"min_p {min_p}"
+        assert (ratio[probs > 0] >= min_p * (1 - 2e-6)).all() and (ratio[probs == 0] < min_p * (1 + 2e-6)).all(), (
+            f"min_p {min_p}"
+        )
 
 
 @pytest.mark.skipif(not native_available(), reason="without the compiled kernels the default path is the torch path")
@@ -303,7 +328,10 @@ def test_half_precision_equals_its_float32_upcast(code_path, dtype, mode):
     upcast = sv.stochastic_acceptance_sampler(**{**args, "target_logits": logits.float()})
     assert outputs_equal(half, upcast)
     rows = logits.reshape(-1, vocab)
-    flat = lambda t: t.repeat_interleave(positions + 1)  # noqa: E731
+
+    def flat(t):
+        return t.repeat_interleave(positions + 1)
+
     sample_args = (flat(args["temperature"]), flat(args["top_k"]), flat(args["top_p"]), torch.arange(rows.shape[0]))
     assert torch.equal(sv.sample(rows, *sample_args), sv.sample(rows.float(), *sample_args))
     assert torch.equal(sv.truncated_probs(rows, *sample_args[:3]), sv.truncated_probs(rows.float(), *sample_args[:3]))

@@ -10,24 +10,34 @@ import specverify as sv
 from tests.support.backends import HAS_CUDA, native_available
 from tests.support.invariants import outputs_equal
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Thread counts
 
 
 def _call(batch: int, positions: int, vocab: int, mode: str, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    pick = lambda values, dtype: torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch,), generator=g)]  # noqa: E731
+
+    def pick(values, dtype):
+        return torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch,), generator=g)]
+
     logits = torch.randn(batch, positions + 1, vocab, generator=g) * 2
     allowed = torch.rand(batch, positions + 1, vocab, generator=g) < 0.8
     allowed.scatter_(-1, logits.argmax(-1, keepdim=True), True)
     args = dict(
-        draft_tokens=torch.where(torch.rand(batch, positions, generator=g) < 0.5, logits[:, :positions].argmax(-1),
-                                 torch.randint(0, vocab, (batch, positions), generator=g)),
-        target_logits=logits, temperature=pick([0.0, 0.6, 1.0, 1.7], torch.float32),
-        top_k=pick([-1, 1, 20, vocab // 3, vocab], torch.int64), max_k=None, top_p=pick([1.0, 0.9, 0.5, 0.01], torch.float32),
-        min_top_p=None, seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
-        token_bitmasks=sv.pack_bitmask(allowed), min_p=pick([0.0, 0.05, 0.5], torch.float32),
+        draft_tokens=torch.where(
+            torch.rand(batch, positions, generator=g) < 0.5,
+            logits[:, :positions].argmax(-1),
+            torch.randint(0, vocab, (batch, positions), generator=g),
+        ),
+        target_logits=logits,
+        temperature=pick([0.0, 0.6, 1.0, 1.7], torch.float32),
+        top_k=pick([-1, 1, 20, vocab // 3, vocab], torch.int64),
+        max_k=None,
+        top_p=pick([1.0, 0.9, 0.5, 0.01], torch.float32),
+        min_top_p=None,
+        seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
+        token_bitmasks=sv.pack_bitmask(allowed),
+        min_p=pick([0.0, 0.05, 0.5], torch.float32),
     )
     if mode == "sampled":
         q = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 2, -1)
@@ -42,8 +52,16 @@ def _everything(args: dict):
     """The verifier (validate True and False), truncated_probs and sample on the same rows."""
     batch, positions = args["draft_tokens"].shape
     vocab = args["target_logits"].shape[-1]
-    flat = lambda t: t.repeat_interleave(positions + 1)  # noqa: E731
-    rows = (args["target_logits"].reshape(-1, vocab), flat(args["temperature"]), flat(args["top_k"]), flat(args["top_p"]))
+
+    def flat(t):
+        return t.repeat_interleave(positions + 1)
+
+    rows = (
+        args["target_logits"].reshape(-1, vocab),
+        flat(args["temperature"]),
+        flat(args["top_k"]),
+        flat(args["top_p"]),
+    )
     mask = args["token_bitmasks"].reshape(batch * (positions + 1), -1)
     return (
         *sv.stochastic_acceptance_sampler(**args),
@@ -129,5 +147,7 @@ def test_thread_count_is_restored():
 def test_cuda_matches_cpu_on_ordinary_inputs(mode):
     args = _call(32, 3, 3000, mode)
     cpu = sv.stochastic_acceptance_sampler(**args)
-    cuda = sv.stochastic_acceptance_sampler(**{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+    cuda = sv.stochastic_acceptance_sampler(
+        **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    )
     assert outputs_equal(cpu, tuple(t.cpu() for t in cuda))

@@ -107,7 +107,11 @@ def _make_bitmask(draw, g: torch.Generator, logits: torch.Tensor) -> torch.Tenso
     shape, vocab = logits.shape, logits.shape[-1]
     finite = torch.isfinite(logits.float())
     # one allowed token with a finite logit per position, picked at random among the finite ones
-    pick = torch.multinomial(finite.reshape(-1, vocab).float() + 1e-30, 1, generator=g).view(*shape[:-1], 1) if finite.numel() else None
+    pick = (
+        torch.multinomial(finite.reshape(-1, vocab).float() + 1e-30, 1, generator=g).view(*shape[:-1], 1)
+        if finite.numel()
+        else None
+    )
     if kind == "all":
         allowed = torch.ones(shape, dtype=torch.bool)
     elif kind == "single":
@@ -129,24 +133,39 @@ def _draft_probs(draw, g, draft, logits, params) -> tuple[torch.Tensor, torch.Te
     vocab = logits.shape[-1]
     if batch * positions == 0:
         return torch.zeros(batch, positions, vocab), draft
-    flat = lambda t: None if t is None else t.repeat_interleave(positions)  # noqa: E731
+
+    def flat(t):
+        return None if t is None else t.repeat_interleave(positions)
+
     target = sv.truncated_probs(
         logits[:, :positions].reshape(-1, vocab).float(),
-        flat(params["temperature"]), flat(params["top_k"]), flat(params["top_p"]), flat(params["min_p"]),
-        None if params["token_bitmasks"] is None else params["token_bitmasks"][:, :positions].reshape(batch * positions, -1),
+        flat(params["temperature"]),
+        flat(params["top_k"]),
+        flat(params["top_p"]),
+        flat(params["min_p"]),
+        None
+        if params["token_bitmasks"] is None
+        else params["token_bitmasks"][:, :positions].reshape(batch * positions, -1),
     ).view(batch, positions, vocab)
     softmax = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 3, -1)
     present = draft >= 0
     one_hot = torch.nn.functional.one_hot(torch.where(present, draft, 0), vocab).float()
     outside = (target == 0).float()
-    disjoint = torch.where(outside.sum(-1, keepdim=True) > 0, outside / outside.sum(-1, keepdim=True).clamp(min=1), one_hot)
+    disjoint = torch.where(
+        outside.sum(-1, keepdim=True) > 0, outside / outside.sum(-1, keepdim=True).clamp(min=1), one_hot
+    )
     choices = torch.stack([softmax, one_hot, torch.zeros_like(softmax), disjoint, target])
-    weights = torch.tensor(draw(st.sampled_from([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1], [0, 1, 1, 0, 0]])), dtype=torch.float)
+    weights = torch.tensor(
+        draw(st.sampled_from([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1], [0, 1, 1, 0, 0]])),
+        dtype=torch.float,
+    )
     kind = torch.multinomial(weights, batch * positions, replacement=True, generator=g).view(batch, positions)
     q = choices.gather(0, kind[None, ..., None].expand(1, batch, positions, vocab))[0]
     if draw(st.booleans()):  # drafts sampled from q where q has mass (the setting of the guarantee)
         has_mass = q.sum(-1) > 0
-        sampled = torch.multinomial(q.reshape(-1, vocab) + (~has_mass).reshape(-1, 1) * 1.0, 1, generator=g).view(batch, positions)
+        sampled = torch.multinomial(q.reshape(-1, vocab) + (~has_mass).reshape(-1, 1) * 1.0, 1, generator=g).view(
+            batch, positions
+        )
         draft = torch.where(present & has_mass, sampled, draft)
     dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
     converted = q.to(dtype)
@@ -157,8 +176,14 @@ def _draft_probs(draw, g, draft, logits, params) -> tuple[torch.Tensor, torch.Te
 
 
 @st.composite
-def valid_calls(draw, max_elements: int = 200_000, modes=("argmax", "sampled", "relaxed"), max_vocab: int = 5000,
-                min_batch: int = 0, min_positions: int = 0):
+def valid_calls(
+    draw,
+    max_elements: int = 200_000,
+    modes=("argmax", "sampled", "relaxed"),
+    max_vocab: int = 5000,
+    min_batch: int = 0,
+    min_positions: int = 0,
+):
     """A valid call of stochastic_acceptance_sampler (a dict of its arguments)."""
     positions = draw(st.integers(min_positions, 8))
     small = [v for v in (1, 2, 31, 32, 33, 64, 65, 1024, 1025, 4097, 5000) if v <= max_vocab]
@@ -169,15 +194,37 @@ def valid_calls(draw, max_elements: int = 200_000, modes=("argmax", "sampled", "
     mode = draw(st.sampled_from(modes))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
 
-    logits = _make_logits(draw, g, (batch, positions + 1, vocab), dtype, ["normal", "wide", "ties", "equal", "flat", "huge", "sparse"])
+    logits = _make_logits(
+        draw, g, (batch, positions + 1, vocab), dtype, ["normal", "wide", "ties", "equal", "flat", "huge", "sparse"]
+    )
     bitmask = _make_bitmask(draw, g, logits)
 
-    temperature = _per_row(draw, st.one_of(st.sampled_from([0.0, 1e-6, 1e-5, 0.3, 1.0, 2.0, 100.0]), st.floats(1e-5, 100.0)), batch, torch.float32)
-    top_k = _per_row(draw, st.one_of(st.sampled_from([-1, 0, 1, 2, vocab - 1, vocab, vocab + 1, 10 * vocab]), st.integers(1, vocab)), batch, torch.int64)
-    top_p = _per_row(draw, st.one_of(st.sampled_from([1e-6, 1e-3, 0.5, 0.9, 0.999999, 1.0]), st.floats(1e-6, 1.0)), batch, torch.float32)
+    temperature = _per_row(
+        draw,
+        st.one_of(st.sampled_from([0.0, 1e-6, 1e-5, 0.3, 1.0, 2.0, 100.0]), st.floats(1e-5, 100.0)),
+        batch,
+        torch.float32,
+    )
+    top_k = _per_row(
+        draw,
+        st.one_of(st.sampled_from([-1, 0, 1, 2, vocab - 1, vocab, vocab + 1, 10 * vocab]), st.integers(1, vocab)),
+        batch,
+        torch.int64,
+    )
+    top_p = _per_row(
+        draw,
+        st.one_of(st.sampled_from([1e-6, 1e-3, 0.5, 0.9, 0.999999, 1.0]), st.floats(1e-6, 1.0)),
+        batch,
+        torch.float32,
+    )
     min_p = None
     if draw(st.booleans()):
-        min_p = _per_row(draw, st.one_of(st.sampled_from([0.0, 0.1, 0.5, 0.999, 0.999999, 1.0]), st.floats(0.0, 1.0)), batch, torch.float32)
+        min_p = _per_row(
+            draw,
+            st.one_of(st.sampled_from([0.0, 0.1, 0.5, 0.999, 0.999999, 1.0]), st.floats(0.0, 1.0)),
+            batch,
+            torch.float32,
+        )
 
     # hints: absent, exact, loose (still consistent), or as 0-d tensors
     top_k_rows = row_param({"top_k": top_k}, "top_k", batch, torch.int64)
@@ -195,7 +242,9 @@ def valid_calls(draw, max_elements: int = 200_000, modes=("argmax", "sampled", "
     elif seed_kind == "[1]":
         seed = torch.tensor([draw(_seed_pattern())])
     elif seed_kind == "[B]":
-        seed = torch.tensor(draw(st.lists(_seed_pattern(), min_size=batch, max_size=batch)), dtype=torch.int64).reshape(batch)
+        seed = torch.tensor(draw(st.lists(_seed_pattern(), min_size=batch, max_size=batch)), dtype=torch.int64).reshape(
+            batch
+        )
     else:
         seed = torch.randint(-(2**31), 2**31 - 1, (batch,), generator=g, dtype=torch.int32)
 
@@ -217,7 +266,12 @@ def valid_calls(draw, max_elements: int = 200_000, modes=("argmax", "sampled", "
     args = dict(
         draft_tokens=None,
         target_logits=logits if draw(st.booleans()) else logits.reshape(batch * (positions + 1), vocab),
-        temperature=temperature, top_k=top_k, max_k=max_k, top_p=top_p, min_top_p=min_top_p, seed=seed,
+        temperature=temperature,
+        top_k=top_k,
+        max_k=max_k,
+        top_p=top_p,
+        min_top_p=min_top_p,
+        seed=seed,
     )
     if bitmask is not None:
         args["token_bitmasks"] = bitmask
@@ -226,8 +280,10 @@ def valid_calls(draw, max_elements: int = 200_000, modes=("argmax", "sampled", "
     if draw(st.booleans()):
         args["vocab_size"] = vocab
     if mode == "sampled":
-        params = {name: row_param(args, name, batch, torch.int64 if name == "top_k" else torch.float32)
-                  for name in ("temperature", "top_k", "top_p", "min_p")}
+        params = {
+            name: row_param(args, name, batch, torch.int64 if name == "top_k" else torch.float32)
+            for name in ("temperature", "top_k", "top_p", "min_p")
+        }
         params["token_bitmasks"] = bitmask
         q, draft = _draft_probs(draw, g, draft, logits, params)
         args.update(draft_proposal="sampled", draft_probs_full=q)
@@ -252,12 +308,18 @@ def check_truncated_probs(args: dict) -> None:
     batch, positions_1, vocab = logits.shape
     if batch == 0:
         return
-    flat = lambda t: None if t is None else t.repeat_interleave(positions_1)  # noqa: E731
+
+    def flat(t):
+        return None if t is None else t.repeat_interleave(positions_1)
+
     temperature = row_param(args, "temperature", batch, torch.float32)
     bitmask = args.get("token_bitmasks")
     probs = sv.truncated_probs(
-        logits.reshape(-1, vocab), flat(temperature), flat(row_param(args, "top_k", batch, torch.int64)),
-        flat(row_param(args, "top_p", batch, torch.float32)), flat(row_param(args, "min_p", batch, torch.float32)),
+        logits.reshape(-1, vocab),
+        flat(temperature),
+        flat(row_param(args, "top_k", batch, torch.int64)),
+        flat(row_param(args, "top_p", batch, torch.float32)),
+        flat(row_param(args, "min_p", batch, torch.float32)),
         None if bitmask is None else bitmask.reshape(batch * positions_1, -1),
     ).view(batch, positions_1, vocab)
     assert probs.dtype == torch.float32 and torch.isfinite(probs).all() and (probs >= 0).all()
@@ -340,23 +402,46 @@ def _rows_tensor(args: dict, name: str, batch: int, dtype: torch.dtype) -> torch
 #: Every mutation, and what it needs of the valid call it breaks: (B > 0, K > 0, mode) where mode is
 #: "sampled", "not-sampled" or None (any).
 MUTATIONS = {
-    "draft_tokens.dtype": (False, False, None), "draft_tokens.shape": (False, False, None),
-    "draft_tokens.value": (True, True, None), "target_logits.dtype": (False, False, None),
-    "target_logits.shape": (False, False, None), "target_logits.nonfinite": (True, False, None),
-    "target_logits.empty-position": (True, False, None), "temperature.type": (False, False, None),
-    "temperature.shape": (False, False, None), "temperature.value": (True, False, None),
-    "top_k.type": (False, False, None), "top_k.shape": (False, False, None), "top_k.value": (True, False, None),
-    "top_p.type": (False, False, None), "top_p.shape": (False, False, None), "top_p.value": (True, False, None),
-    "min_p.shape": (False, False, None), "min_p.value": (True, False, None), "seed.type": (False, False, None),
-    "seed.shape": (False, False, None), "seed.range": (False, False, None), "max_k.value": (False, False, None),
-    "max_k.type": (False, False, None), "max_k.inconsistent": (True, False, None), "min_top_p.value": (False, False, None),
-    "min_top_p.type": (False, False, None), "min_top_p.inconsistent": (True, False, None), "vocab_size": (False, False, None),
-    "token_bitmasks.type": (False, False, None), "token_bitmasks.shape": (False, False, None),
-    "token_bitmasks.empty-position": (True, False, None), "draft_proposal": (False, False, None),
-    "draft_probs_full.missing": (False, False, "sampled"), "draft_probs_full.unexpected": (False, False, "not-sampled"),
-    "draft_probs_full.shape": (False, False, "sampled"), "draft_probs_full.value": (True, True, "sampled"),
-    "relaxed.incomplete": (False, False, None), "relaxed.values": (False, False, None),
-    "relaxed.sampled": (False, False, "not-sampled"), "in_thinking_phase": (False, False, None),
+    "draft_tokens.dtype": (False, False, None),
+    "draft_tokens.shape": (False, False, None),
+    "draft_tokens.value": (True, True, None),
+    "target_logits.dtype": (False, False, None),
+    "target_logits.shape": (False, False, None),
+    "target_logits.nonfinite": (True, False, None),
+    "target_logits.empty-position": (True, False, None),
+    "temperature.type": (False, False, None),
+    "temperature.shape": (False, False, None),
+    "temperature.value": (True, False, None),
+    "top_k.type": (False, False, None),
+    "top_k.shape": (False, False, None),
+    "top_k.value": (True, False, None),
+    "top_p.type": (False, False, None),
+    "top_p.shape": (False, False, None),
+    "top_p.value": (True, False, None),
+    "min_p.shape": (False, False, None),
+    "min_p.value": (True, False, None),
+    "seed.type": (False, False, None),
+    "seed.shape": (False, False, None),
+    "seed.range": (False, False, None),
+    "max_k.value": (False, False, None),
+    "max_k.type": (False, False, None),
+    "max_k.inconsistent": (True, False, None),
+    "min_top_p.value": (False, False, None),
+    "min_top_p.type": (False, False, None),
+    "min_top_p.inconsistent": (True, False, None),
+    "vocab_size": (False, False, None),
+    "token_bitmasks.type": (False, False, None),
+    "token_bitmasks.shape": (False, False, None),
+    "token_bitmasks.empty-position": (True, False, None),
+    "draft_proposal": (False, False, None),
+    "draft_probs_full.missing": (False, False, "sampled"),
+    "draft_probs_full.unexpected": (False, False, "not-sampled"),
+    "draft_probs_full.shape": (False, False, "sampled"),
+    "draft_probs_full.value": (True, True, "sampled"),
+    "relaxed.incomplete": (False, False, None),
+    "relaxed.values": (False, False, None),
+    "relaxed.sampled": (False, False, "not-sampled"),
+    "in_thinking_phase": (False, False, None),
 }
 
 
@@ -365,8 +450,18 @@ def invalid_calls(draw, mutation: str):
     """(args, names, mutation): a valid call with one argument broken by `mutation`, and the argument
     names its error may give."""
     needs_batch, needs_positions, mode = MUTATIONS[mutation]
-    modes = {"sampled": ("sampled",), "not-sampled": ("argmax", "relaxed"), None: ("argmax", "sampled", "relaxed")}[mode]
-    args = draw(valid_calls(max_elements=20_000, max_vocab=300, modes=modes, min_batch=int(needs_batch), min_positions=int(needs_positions)))
+    modes = {"sampled": ("sampled",), "not-sampled": ("argmax", "relaxed"), None: ("argmax", "sampled", "relaxed")}[
+        mode
+    ]
+    args = draw(
+        valid_calls(
+            max_elements=20_000,
+            max_vocab=300,
+            modes=modes,
+            min_batch=int(needs_batch),
+            min_positions=int(needs_positions),
+        )
+    )
     batch, positions = args["draft_tokens"].shape
     logits = logits_3d(args)
     vocab = logits.shape[-1]
@@ -387,7 +482,12 @@ def invalid_calls(draw, mutation: str):
     elif mutation == "target_logits.dtype":
         args[name] = args[name].to(draw(st.sampled_from([torch.float64, torch.int32, torch.int64])))
     elif mutation == "target_logits.shape":
-        shapes = [logits[:, :, :0], logits.reshape(-1), logits[None], logits.reshape(batch * (positions + 1), vocab)[1:] if batch else logits[:, :1, :0]]
+        shapes = [
+            logits[:, :, :0],
+            logits.reshape(-1),
+            logits[None],
+            logits.reshape(batch * (positions + 1), vocab)[1:] if batch else logits[:, :1, :0],
+        ]
         if positions:
             shapes.append(logits[:, :positions])
         shapes.append(torch.cat([logits, logits[:1]]) if batch else logits.new_zeros(1, positions + 1, vocab))
@@ -405,10 +505,20 @@ def invalid_calls(draw, mutation: str):
         args[name] = new if args[name].dim() == 3 else new.reshape(-1, vocab)
     elif mutation in ("temperature.type", "top_p.type", "top_k.type"):
         wrong = torch.int64 if name != "top_k" else draw(st.sampled_from([torch.float32, torch.bool]))
-        args[name] = draw(st.sampled_from([torch.ones(batch, dtype=wrong), "1", [1.0] * batch, None if name != "top_k" else 2.0]))
+        args[name] = draw(
+            st.sampled_from([torch.ones(batch, dtype=wrong), "1", [1.0] * batch, None if name != "top_k" else 2.0])
+        )
     elif mutation in ("temperature.shape", "top_k.shape", "top_p.shape", "min_p.shape"):
         dtype = torch.int64 if name == "top_k" else torch.float32
-        args[name] = draw(st.sampled_from([torch.ones(batch + 1, dtype=dtype), torch.ones(batch, 1, dtype=dtype), torch.ones(batch + 3, 2, dtype=dtype)]))
+        args[name] = draw(
+            st.sampled_from(
+                [
+                    torch.ones(batch + 1, dtype=dtype),
+                    torch.ones(batch, 1, dtype=dtype),
+                    torch.ones(batch + 3, 2, dtype=dtype),
+                ]
+            )
+        )
     elif mutation in ("temperature.value", "top_k.value", "top_p.value", "min_p.value"):
         bads = {
             "temperature": [-1e-3, -1.0, float("nan"), float("inf"), float("-inf")],
@@ -425,9 +535,29 @@ def invalid_calls(draw, mutation: str):
         args[name] = value
         names |= {"max_k", "min_top_p"} & {k for k, v in args.items() if v is not None}  # a hint may be what breaks
     elif mutation == "seed.type":
-        args[name] = draw(st.sampled_from([1.5, True, "7", None, torch.tensor(1.0), torch.ones(batch, dtype=torch.float64), torch.ones(batch, dtype=torch.bool)]))
+        args[name] = draw(
+            st.sampled_from(
+                [
+                    1.5,
+                    True,
+                    "7",
+                    None,
+                    torch.tensor(1.0),
+                    torch.ones(batch, dtype=torch.float64),
+                    torch.ones(batch, dtype=torch.bool),
+                ]
+            )
+        )
     elif mutation == "seed.shape":
-        args[name] = draw(st.sampled_from([torch.zeros(batch + 2, dtype=torch.int64), torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64)]))
+        args[name] = draw(
+            st.sampled_from(
+                [
+                    torch.zeros(batch + 2, dtype=torch.int64),
+                    torch.zeros(batch, 2, dtype=torch.int64),
+                    torch.zeros(1, 1, dtype=torch.int64),
+                ]
+            )
+        )
     elif mutation == "seed.range":
         args[name] = draw(st.sampled_from([2**64, -(2**63) - 1, 10**30]))
     elif mutation == "max_k.value":
@@ -457,11 +587,15 @@ def invalid_calls(draw, mutation: str):
         args[name] = draw(st.sampled_from([mask.to(torch.int64), mask.bool(), mask.tolist()]))
     elif mutation == "token_bitmasks.shape":
         words = (vocab + 31) // 32
-        args[name] = draw(st.sampled_from([
-            torch.full((batch, positions + 1, words + 1), -1, dtype=torch.int32),
-            torch.full((batch, positions + 2, words), -1, dtype=torch.int32),
-            torch.full((batch * (positions + 1), words), -1, dtype=torch.int32),
-        ]))
+        args[name] = draw(
+            st.sampled_from(
+                [
+                    torch.full((batch, positions + 1, words + 1), -1, dtype=torch.int32),
+                    torch.full((batch, positions + 2, words), -1, dtype=torch.int32),
+                    torch.full((batch * (positions + 1), words), -1, dtype=torch.int32),
+                ]
+            )
+        )
     elif mutation == "token_bitmasks.empty-position":
         mask = args.get(name, torch.full((batch, positions + 1, (vocab + 31) // 32), -1, dtype=torch.int32)).clone()
         mask[row, position] = 0
@@ -478,28 +612,53 @@ def invalid_calls(draw, mutation: str):
         args[name] = torch.zeros(batch, positions, vocab)
     elif mutation == "draft_probs_full.shape":
         q = args[name]
-        args[name] = draw(st.sampled_from([q[..., :-1] if vocab > 1 else q[..., :0], q.reshape(batch * positions, vocab), torch.zeros(batch, positions + 1, vocab), q.to(torch.int64)]))
+        args[name] = draw(
+            st.sampled_from(
+                [
+                    q[..., :-1] if vocab > 1 else q[..., :0],
+                    q.reshape(batch * positions, vocab),
+                    torch.zeros(batch, positions + 1, vocab),
+                    q.to(torch.int64),
+                ]
+            )
+        )
     elif mutation == "draft_probs_full.value":
         q = args[name].clone()
         j, v = min(position, positions - 1), draw(st.integers(0, vocab - 1))
         how = draw(st.sampled_from(["nan", "inf", "negative", "scaled"]))
         if how == "scaled":
-            q[row, j] = torch.softmax(torch.randn(vocab, generator=g), -1).to(q.dtype) * draw(st.sampled_from([0.5, 1.01, 2.0, 1e6]))
+            q[row, j] = torch.softmax(torch.randn(vocab, generator=g), -1).to(q.dtype) * draw(
+                st.sampled_from([0.5, 1.01, 2.0, 1e6])
+            )
         else:
             q[row, j, v] = {"nan": float("nan"), "inf": float("inf"), "negative": -0.25}[how]
         args[name] = q
     elif mutation == "relaxed.incomplete":
         for key in ("in_thinking_phase", "relaxed_topk", "relaxed_delta"):
             args.pop(key, None)
-        which = draw(st.sampled_from([("relaxed_topk",), ("relaxed_delta",), ("in_thinking_phase",), ("in_thinking_phase", "relaxed_topk")]))
+        which = draw(
+            st.sampled_from(
+                [("relaxed_topk",), ("relaxed_delta",), ("in_thinking_phase",), ("in_thinking_phase", "relaxed_topk")]
+            )
+        )
         full = dict(in_thinking_phase=torch.ones(batch, dtype=torch.bool), relaxed_topk=2, relaxed_delta=0.1)
         args.update({key: full[key] for key in which})
         names = {"relaxed", "in_thinking_phase"}
         if args.get("draft_proposal") == "sampled":
             names.add("draft_proposal")
     elif mutation == "relaxed.values":
-        bad = draw(st.sampled_from([("relaxed_topk", 0), ("relaxed_topk", -3), ("relaxed_topk", 2.5), ("relaxed_delta", -0.1),
-                                    ("relaxed_delta", float("nan")), ("relaxed_delta", "0.1")]))
+        bad = draw(
+            st.sampled_from(
+                [
+                    ("relaxed_topk", 0),
+                    ("relaxed_topk", -3),
+                    ("relaxed_topk", 2.5),
+                    ("relaxed_delta", -0.1),
+                    ("relaxed_delta", float("nan")),
+                    ("relaxed_delta", "0.1"),
+                ]
+            )
+        )
         args.update(in_thinking_phase=torch.ones(batch, dtype=torch.bool), relaxed_topk=2, relaxed_delta=0.1)
         args[bad[0]] = bad[1]
         if args.get("draft_proposal") == "sampled":
@@ -507,12 +666,21 @@ def invalid_calls(draw, mutation: str):
         else:
             names = {bad[0]}
     elif mutation == "relaxed.sampled":
-        args.update(in_thinking_phase=torch.ones(batch, dtype=torch.bool), relaxed_topk=2, relaxed_delta=0.1,
-                    draft_proposal="sampled", draft_probs_full=torch.zeros(batch, positions, vocab))
+        args.update(
+            in_thinking_phase=torch.ones(batch, dtype=torch.bool),
+            relaxed_topk=2,
+            relaxed_delta=0.1,
+            draft_proposal="sampled",
+            draft_probs_full=torch.zeros(batch, positions, vocab),
+        )
         names = {"relaxed", "draft_proposal"}
     elif mutation == "in_thinking_phase":
         args.update(relaxed_topk=2, relaxed_delta=0.1)
-        args[name] = draw(st.sampled_from([torch.ones(batch, dtype=torch.int64), torch.ones(batch + 1, dtype=torch.bool), [True] * batch]))
+        args[name] = draw(
+            st.sampled_from(
+                [torch.ones(batch, dtype=torch.int64), torch.ones(batch + 1, dtype=torch.bool), [True] * batch]
+            )
+        )
         if args.get("draft_proposal") == "sampled":
             names = {"relaxed", "draft_proposal", name}
     else:  # pragma: no cover
@@ -529,7 +697,9 @@ def check_invalid_call(case) -> None:
     except (ValueError, TypeError) as error:
         message = str(error)
         assert type(error) in (ValueError, TypeError), f"{mutation}: {type(error).__name__}: {message}"
-        assert any(name in message for name in names), f"{mutation}: the message does not name {sorted(names)}: {message}"
+        assert any(name in message for name in names), (
+            f"{mutation}: the message does not name {sorted(names)}: {message}"
+        )
         assert "(got" in message, f"{mutation}: the message does not say what it got: {message}"
     else:
         raise AssertionError(f"{mutation}: the malformed call was accepted")
@@ -564,7 +734,10 @@ def garbage_calls(draw):
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     logits = logits_3d(args).clone()
     vocab = logits.shape[-1]
-    spots = lambda shape, p: torch.rand(shape, generator=g) < p  # noqa: E731
+
+    def spots(shape, p):
+        return torch.rand(shape, generator=g) < p
+
     draft = args["draft_tokens"].to(torch.int64)
     junk = torch.randint(-(2**40), 2**40, draft.shape, generator=g)
     args["draft_tokens"] = torch.where(spots(draft.shape, 0.3), junk, draft)
@@ -592,7 +765,11 @@ def garbage_calls(draw):
         args["token_bitmasks"] = mask
     if args.get("draft_proposal") == "sampled" and args["draft_probs_full"].numel():
         q = args["draft_probs_full"].float()
-        q = torch.where(spots(q.shape, 0.05), torch.tensor([float("nan"), -1.0, 5.0, float("inf")])[torch.randint(0, 4, q.shape, generator=g)], q)
+        q = torch.where(
+            spots(q.shape, 0.05),
+            torch.tensor([float("nan"), -1.0, 5.0, float("inf")])[torch.randint(0, 4, q.shape, generator=g)],
+            q,
+        )
         args["draft_probs_full"] = q
     # the hints may now be inconsistent as well
     args["max_k"] = draw(st.sampled_from([None, -1, 1, 3, 10**6]))
@@ -651,8 +828,13 @@ def _radix_case(**overrides) -> dict:
     args = dict(
         draft_tokens=torch.zeros(batch, positions, dtype=torch.int64),
         target_logits=torch.zeros(batch, positions + 1, vocab),
-        temperature=torch.ones(batch), top_k=torch.full((batch,), -1), max_k=None,
-        top_p=torch.ones(batch), min_top_p=None, seed=0, validate=False,
+        temperature=torch.ones(batch),
+        top_k=torch.full((batch,), -1),
+        max_k=None,
+        top_p=torch.ones(batch),
+        min_top_p=None,
+        seed=0,
+        validate=False,
     )
     args.update(overrides)
     return args
@@ -693,8 +875,14 @@ def test_validate_false_nonfinite_with_large_vocabulary_torch_path(case):
 
 def _empty_batch(mode: str) -> dict:
     extra = dict(draft_proposal="sampled", draft_probs_full=torch.zeros(0, 2, 5)) if mode == "sampled" else {}
-    return _radix_case(draft_tokens=torch.zeros(0, 2, dtype=torch.int64), target_logits=torch.zeros(0, 3, 5),
-                       temperature=torch.ones(0), top_k=torch.ones(0, dtype=torch.int64), top_p=torch.ones(0), **extra)
+    return _radix_case(
+        draft_tokens=torch.zeros(0, 2, dtype=torch.int64),
+        target_logits=torch.zeros(0, 3, 5),
+        temperature=torch.ones(0),
+        top_k=torch.ones(0, dtype=torch.int64),
+        top_p=torch.ones(0),
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("validate", [True, False])

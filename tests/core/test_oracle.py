@@ -51,17 +51,24 @@ def _as_tensors(temperature, top_k, top_p, min_p):
 
 def _assert_matches_oracle(logits, temperature, top_k, top_p, min_p=None, allowed=None) -> int:
     """truncated_probs has the oracle's kept set and probabilities on every clear row. Returns their count."""
-    got = sv.truncated_probs(
-        torch.as_tensor(logits), *_as_tensors(temperature, top_k, top_p, min_p),
-        None if allowed is None else sv.pack_bitmask(torch.as_tensor(allowed)),
-    ).double().numpy()  # fmt: skip
+    got = (
+        sv.truncated_probs(
+            torch.as_tensor(logits),
+            *_as_tensors(temperature, top_k, top_p, min_p),
+            None if allowed is None else sv.pack_bitmask(torch.as_tensor(allowed)),
+        )
+        .double()
+        .numpy()
+    )
     laws = oracle.row_laws(logits, temperature, top_k, top_p, min_p, allowed)
     clear = [n for n, law in enumerate(laws) if law.margin > oracle.AMBIGUOUS]
     assert len(clear) >= MIN_CLEAR_SHARE * len(laws), f"only {len(clear)} of {len(laws)} rows are clear"
     for n in clear:
         params = (temperature[n], top_k[n], top_p[n], None if min_p is None else min_p[n])
         want = laws[n].probs
-        np.testing.assert_array_equal(np.flatnonzero(got[n]), np.flatnonzero(want), err_msg=f"kept set, row {n} {params}")
+        np.testing.assert_array_equal(
+            np.flatnonzero(got[n]), np.flatnonzero(want), err_msg=f"kept set, row {n} {params}"
+        )
         np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-7, err_msg=f"probabilities, row {n} {params}")
     return len(clear)
 
@@ -102,7 +109,14 @@ def test_oracle_on_hand_worked_cases():
 
 def test_oracle_draws_and_rules_on_hand_worked_cases():
     weights = np.array([0.0, 0.25, 0.0, 0.5, 0.25])
-    assert [oracle.inverse_cdf(weights, u).token for u in (0.0, 0.2499, 0.25, 0.7499, 0.75, 1 - 2**-53)] == [1, 1, 3, 3, 4, 4]
+    assert [oracle.inverse_cdf(weights, u).token for u in (0.0, 0.2499, 0.25, 0.7499, 0.75, 1 - 2**-53)] == [
+        1,
+        1,
+        3,
+        3,
+        4,
+        4,
+    ]
     law = oracle.Law(np.array([0.5, 0.5, 0.0]), np.inf)
     q = np.array([[0.25, 0.75, 0.0]])
     # u * q(d) >= p~(d) rejects: d = 1 with q = 0.75, p~ = 0.5 is accepted iff u < 2/3
@@ -235,12 +249,23 @@ def test_verifier_kept_set_at_ties(code_path, vocab, validate):
     q = torch.zeros(rows, 1, vocab)
     q[torch.arange(rows), 0, draft[:, 0]] = 1.0
     zero_accept = int64_bits(mixer.key_for_uniform(0, mixer.STREAM_ACCEPT))
-    temperature, top_k, top_p, min_p = _as_tensors(params[:, 0], params[:, 1].astype(np.int64), params[:, 2], params[:, 3])
+    temperature, top_k, top_p, min_p = _as_tensors(
+        params[:, 0], params[:, 1].astype(np.int64), params[:, 2], params[:, 3]
+    )
     first, _, _ = sv.stochastic_acceptance_sampler(
-        draft, torch.as_tensor(row).expand(rows, 2, vocab), temperature, top_k,
-        None, top_p, None, torch.full((rows,), zero_accept),
-        draft_proposal="sampled", draft_probs_full=q, min_p=min_p, validate=validate,
-    )  # fmt: skip
+        draft,
+        torch.as_tensor(row).expand(rows, 2, vocab),
+        temperature,
+        top_k,
+        None,
+        top_p,
+        None,
+        torch.full((rows,), zero_accept),
+        draft_proposal="sampled",
+        draft_probs_full=q,
+        min_p=min_p,
+        validate=validate,
+    )
     for (s, d), accepted in zip(cases, (first == 1).tolist()):
         assert accepted == (laws[s].probs[d] > 0), f"token {d} under {settings[s]}: accepted={accepted}"
 
@@ -267,11 +292,22 @@ def _mixed_batch(rng: np.random.Generator, rows: int, positions: int, vocab: int
 
 
 def _verify(logits, allowed, params, draft, seed, **kwargs):
-    temperature, top_k, top_p, min_p = _as_tensors(params["temperature"], params["top_k"], params["top_p"], params["min_p"])
+    temperature, top_k, top_p, min_p = _as_tensors(
+        params["temperature"], params["top_k"], params["top_p"], params["min_p"]
+    )
     out = sv.stochastic_acceptance_sampler(
-        torch.as_tensor(draft), torch.as_tensor(logits), temperature, top_k, None, top_p, None, seed,
-        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)), min_p=min_p, **kwargs,
-    )  # fmt: skip
+        torch.as_tensor(draft),
+        torch.as_tensor(logits),
+        temperature,
+        top_k,
+        None,
+        top_p,
+        None,
+        seed,
+        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
+        min_p=min_p,
+        **kwargs,
+    )
     tokens, count = sv.committed_tokens(*out)
     return out[0].tolist(), [t[:c] for t, c in zip(tokens.tolist(), count.tolist())]
 
@@ -294,12 +330,18 @@ def test_argmax_mode_rows_are_the_oracle_draws(code_path, shared, rows, vocab):
     positions = 3
     logits, allowed, params, laws = _mixed_batch(rng, rows, positions, vocab)
     seed = int(rng.integers(0, 2**63)) | (1 << 63) if shared else rng.integers(-(2**63), 2**63 - 1, rows)
-    seeds = [mixer.MASK64 & (seed + b * ROW_STRIDE) for b in range(rows)] if shared else [s & mixer.MASK64 for s in seed.tolist()]
+    seeds = (
+        [mixer.MASK64 & (seed + b * ROW_STRIDE) for b in range(rows)]
+        if shared
+        else [s & mixer.MASK64 for s in seed.tolist()]
+    )
     uniforms = [[mixer.keyed_uniform(s + j, mixer.STREAM_TARGET) for j in range(positions + 1)] for s in seeds]
     draws = [[oracle.inverse_cdf(law.probs, u).token for law, u in zip(laws[b], uniforms[b])] for b in range(rows)]
     # drafts that agree with the draws for a while, so that long accepted runs are judged too
     agree = rng.integers(0, positions + 1, rows)
-    draft = np.array([[draws[b][j] if j < agree[b] else int(rng.integers(-1, vocab)) for j in range(positions)] for b in range(rows)])
+    draft = np.array(
+        [[draws[b][j] if j < agree[b] else int(rng.integers(-1, vocab)) for j in range(positions)] for b in range(rows)]
+    )
     draft = np.where(np.cumsum(draft == -1, axis=1) > 0, -1, draft)  # ragged: -1 to the end of the row
     predictions = [oracle.argmax_row(laws[b], draft[b].tolist(), uniforms[b]) for b in range(rows)]
     seed_arg = int64_bits(seed) if shared else torch.as_tensor(seed)
@@ -311,7 +353,9 @@ def _draft_from_q(rng: np.random.Generator, q: np.ndarray) -> np.ndarray:
     cumulative = q.astype(np.float64).cumsum(-1)
     u = rng.random(q.shape[:2]) * cumulative[..., -1]
     ids = (cumulative <= u[..., None]).sum(-1)
-    return np.where(cumulative[..., -1] > 0, np.minimum(ids, q.shape[-1] - 1), rng.integers(0, q.shape[-1], q.shape[:2]))
+    return np.where(
+        cumulative[..., -1] > 0, np.minimum(ids, q.shape[-1] - 1), rng.integers(0, q.shape[-1], q.shape[:2])
+    )
 
 
 @pytest.mark.parametrize("rows, vocab", SIZES)
@@ -335,13 +379,23 @@ def test_sampled_mode_rows_follow_the_ratio_test(code_path, rows, vocab):
         keys = [s + j for j in range(positions + 1)]
         predictions.append(
             oracle.sampled_row(
-                laws[b], draft[b].tolist(), q[b],
+                laws[b],
+                draft[b].tolist(),
+                q[b],
                 [mixer.keyed_uniform(k, mixer.STREAM_ACCEPT) for k in keys[:positions]],
                 [mixer.keyed_uniform(k, mixer.STREAM_RESIDUAL) for k in keys[:positions]],
                 mixer.keyed_uniform(keys[positions], mixer.STREAM_TARGET),
             )
-        )  # fmt: skip
-    first, committed = _verify(logits, allowed, params, draft, torch.as_tensor(seed), draft_proposal="sampled", draft_probs_full=torch.as_tensor(q))
+        )
+    first, committed = _verify(
+        logits,
+        allowed,
+        params,
+        draft,
+        torch.as_tensor(seed),
+        draft_proposal="sampled",
+        draft_probs_full=torch.as_tensor(q),
+    )
     _assert_rows_match(predictions, first, committed)
     assert 0.05 < np.mean([f > 0 for f in first]) < 0.95  # the cases accept and reject
 
@@ -363,11 +417,18 @@ def test_sampled_mode_commits_the_oracle_law(code_path):
     q /= q.sum()
     draft = rng.choice(vocab, size=(n, 1), p=q)
     first, recovered, _ = sv.stochastic_acceptance_sampler(
-        torch.as_tensor(draft), torch.as_tensor(logits).expand(n, 2, vocab), torch.full((n,), 0.8), torch.full((n,), 9),
-        None, torch.full((n,), 0.85), None, torch.as_tensor(rng.integers(-(2**63), 2**63 - 1, n)),
-        draft_proposal="sampled", draft_probs_full=torch.as_tensor(q, dtype=torch.float32).expand(n, 1, vocab),
+        torch.as_tensor(draft),
+        torch.as_tensor(logits).expand(n, 2, vocab),
+        torch.full((n,), 0.8),
+        torch.full((n,), 9),
+        None,
+        torch.full((n,), 0.85),
+        None,
+        torch.as_tensor(rng.integers(-(2**63), 2**63 - 1, n)),
+        draft_proposal="sampled",
+        draft_probs_full=torch.as_tensor(q, dtype=torch.float32).expand(n, 1, vocab),
         min_p=torch.full((n,), 0.02),
-    )  # fmt: skip
+    )
     assert_follows(recovered[:, 0].numpy(), law.probs, "committed token, sampled mode")
     accept = np.minimum(law.probs, q)  # P(draft d and accepted)
     wrong = accept + (1 - accept.sum()) * law.probs

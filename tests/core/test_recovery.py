@@ -67,6 +67,15 @@ def test_a_draft_whose_q_is_truncated_probs_itself_is_accepted_even_at_an_extrem
     q = sv.truncated_probs(logits[:, 0], temperature, top_k, top_p)
     draft = torch.randint(0, 40, (2000, 1), generator=g)
     first, recovered, _ = sv.stochastic_acceptance_sampler(
-        draft, logits, temperature, top_k, None, top_p, None, seed, draft_proposal="sampled", draft_probs_full=q[:, None],
+        draft,
+        logits,
+        temperature,
+        top_k,
+        None,
+        top_p,
+        None,
+        seed,
+        draft_proposal="sampled",
+        draft_probs_full=q[:, None],
     )
     assert bool((first == 1).all()) and torch.equal(recovered, draft)

@@ -219,7 +219,9 @@ def test_per_request_keys_wrap_around_modulo_2_64():
     candidates = torch.cat([recovered, bonus], dim=1)
     for b in range(B):
         for j in range(int(first[b]) + 1):
-            token = sv.sample(args["target_logits"][b, j][None], 1.0, -1, 1.0, torch.tensor([as_int64(int(seeds[b]) + j)]))
+            token = sv.sample(
+                args["target_logits"][b, j][None], 1.0, -1, 1.0, torch.tensor([as_int64(int(seeds[b]) + j)])
+            )
             assert int(token) == int(candidates[b, j]), (b, j)
 
 

@@ -14,8 +14,15 @@ from tests.support.statcheck import assert_follows
 def _verify(draft, logits, temperature, **kwargs):
     batch = len(draft)
     return sv.stochastic_acceptance_sampler(
-        torch.as_tensor(draft), torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(temperature, dtype=torch.float32),
-        torch.full((batch,), -1), None, torch.ones(batch), None, torch.arange(batch) * 1000 + 1, **kwargs,
+        torch.as_tensor(draft),
+        torch.as_tensor(logits, dtype=torch.float32),
+        torch.as_tensor(temperature, dtype=torch.float32),
+        torch.full((batch,), -1),
+        None,
+        torch.ones(batch),
+        None,
+        torch.arange(batch) * 1000 + 1,
+        **kwargs,
     )
 
 
@@ -60,7 +67,14 @@ def test_greedy_respects_the_bitmask():
 def test_a_temperature_of_exactly_1e_5_is_sampled_not_greedy():
     logits = torch.tensor([[[0.0, 0.0]]]).expand(2000, 1, 2)
     first, _, bonus = sv.stochastic_acceptance_sampler(
-        torch.zeros(2000, 0, dtype=torch.int64), logits, torch.full((2000,), 1e-5), -1, None, 1.0, None, torch.arange(2000)
+        torch.zeros(2000, 0, dtype=torch.int64),
+        logits,
+        torch.full((2000,), 1e-5),
+        -1,
+        None,
+        1.0,
+        None,
+        torch.arange(2000),
     )
     assert 0.45 < bonus.float().mean() < 0.55  # a tie at any temperature > 0 is a fair coin
 
@@ -87,7 +101,9 @@ def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not(code
     thinking = torch.as_tensor(rng.random(batch) < 0.7)
     temperature = np.where(rng.random(batch) < 0.2, 0.0, 1.0)
     topk, delta = 4, 0.15
-    first, recovered, _ = _verify(draft, logits, temperature, in_thinking_phase=thinking, relaxed_topk=topk, relaxed_delta=delta)
+    first, recovered, _ = _verify(
+        draft, logits, temperature, in_thinking_phase=thinking, relaxed_topk=topk, relaxed_delta=delta
+    )
     for b in range(batch):
         if not thinking[b] or temperature[b] == 0:
             continue
@@ -112,12 +128,18 @@ def test_relaxed_rule_with_ties_masks_and_every_lane_matches_the_float64_law(cod
     draft = rng.integers(0, vocab, size=(batch, positions))
     for topk, delta in [(1, 0.0), (3, 0.05), (8, 1.0)]:
         first, _, _ = _verify(
-            draft, logits, [1.0] * batch, in_thinking_phase=torch.ones(batch, dtype=torch.bool), relaxed_topk=topk,
-            relaxed_delta=delta, token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
+            draft,
+            logits,
+            [1.0] * batch,
+            in_thinking_phase=torch.ones(batch, dtype=torch.bool),
+            relaxed_topk=topk,
+            relaxed_delta=delta,
+            token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
         )
         for b in range(batch):
             accepted = [
-                relaxed_position_law(masked[b, j], int(draft[b, j]), topk, delta)[0] == 1.0 and allowed[b, j, draft[b, j]]
+                relaxed_position_law(masked[b, j], int(draft[b, j]), topk, delta)[0] == 1.0
+                and allowed[b, j, draft[b, j]]
                 for j in range(positions)
             ]
             assert int(first[b]) == next((j for j, a in enumerate(accepted) if not a), positions), (topk, delta, b)
@@ -127,8 +149,16 @@ def test_relaxed_acceptance_is_lossy_and_the_bonus_is_still_sampled_from_the_tar
     n = 6000
     logits = np.stack([EXAMPLE] * 2)[None].repeat(n, 0)
     first, _, bonus = sv.stochastic_acceptance_sampler(
-        torch.full((n, 1), 2), torch.as_tensor(logits, dtype=torch.float32), torch.ones(n), -1, None, torch.ones(n), None,
-        torch.arange(n), in_thinking_phase=torch.ones(n, dtype=torch.bool), **RELAXED,
+        torch.full((n, 1), 2),
+        torch.as_tensor(logits, dtype=torch.float32),
+        torch.ones(n),
+        -1,
+        None,
+        torch.ones(n),
+        None,
+        torch.arange(n),
+        in_thinking_phase=torch.ones(n, dtype=torch.bool),
+        **RELAXED,
     )
     assert (first == 1).all()  # always accepted: far more than p(2) = 0.2 (the lossless rate)
     assert_follows(bonus[:, 0].numpy(), truncated_distribution(EXAMPLE, 1.0), "bonus of relaxed rows")
@@ -156,8 +186,15 @@ def test_k_zero_returns_the_bonus_only():
 def test_an_empty_batch_returns_empty_shapes(mode):
     extra = dict(draft_proposal="sampled", draft_probs_full=torch.zeros(0, 2, 5)) if mode == "sampled" else {}
     first, recovered, bonus = sv.stochastic_acceptance_sampler(
-        torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 5), torch.zeros(0), torch.zeros(0, dtype=torch.int64),
-        None, torch.ones(0), None, torch.zeros(0, dtype=torch.int64), **extra,
+        torch.zeros(0, 2, dtype=torch.int64),
+        torch.zeros(0, 5),
+        torch.zeros(0),
+        torch.zeros(0, dtype=torch.int64),
+        None,
+        torch.ones(0),
+        None,
+        torch.zeros(0, dtype=torch.int64),
+        **extra,
     )
     assert (first.shape, recovered.shape, bonus.shape) == ((0,), (0, 2), (0, 1))
     assert first.dtype == recovered.dtype == bonus.dtype == torch.int64
@@ -171,11 +208,18 @@ def test_half_precision_logits_give_the_tokens_of_their_float32_upcast(dtype, mo
     logits = (torch.randn(batch, positions + 1, vocab, generator=g) * 3).to(dtype)
     args = dict(
         draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g),
-        temperature=torch.rand(batch, generator=g) + 0.3, top_k=torch.full((batch,), 40), max_k=None,
-        top_p=torch.full((batch,), 0.9), min_top_p=None, seed=torch.arange(batch),
+        temperature=torch.rand(batch, generator=g) + 0.3,
+        top_k=torch.full((batch,), 40),
+        max_k=None,
+        top_p=torch.full((batch,), 0.9),
+        min_top_p=None,
+        seed=torch.arange(batch),
     )
     if mode == "sampled":
-        args.update(draft_proposal="sampled", draft_probs_full=torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1))
+        args.update(
+            draft_proposal="sampled",
+            draft_probs_full=torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1),
+        )
     half = sv.stochastic_acceptance_sampler(target_logits=logits, **args)
     upcast = sv.stochastic_acceptance_sampler(target_logits=logits.float(), **args)
     for a, b in zip(half, upcast):

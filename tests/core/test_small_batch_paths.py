@@ -13,7 +13,13 @@ import torch
 import specverify as sv
 from specverify import checks
 from specverify.rng import (
-    HOST_KEYS, keyed_uniform, keyed_uniform_read, per_row_seeds, row_keys, row_seeds_read, row_uniforms_read,
+    HOST_KEYS,
+    keyed_uniform,
+    keyed_uniform_read,
+    per_row_seeds,
+    row_keys,
+    row_seeds_read,
+    row_uniforms_read,
 )
 from specverify.truncation import GREEDY_TEMPERATURE, is_greedy, is_greedy_value
 from tests.support.invariants import outputs_equal
@@ -51,15 +57,25 @@ def test_seeds_and_uniforms_read_to_the_host_are_those_of_the_tensor_path(shared
             assert row_seeds_read(checked, is_shared, rows) == expected.tolist()
             for positions, stream in ((1, 0), (5, 0), (3, 2)):
                 uniforms = keyed_uniform(row_keys(expected, positions), stream).reshape(-1)
-                assert torch.equal(torch.tensor(row_uniforms_read(expected.tolist(), positions, stream), dtype=torch.float64), uniforms)
+                assert torch.equal(
+                    torch.tensor(row_uniforms_read(expected.tolist(), positions, stream), dtype=torch.float64), uniforms
+                )
 
 
 def test_greedy_read_on_the_host_compares_in_float32_as_torch_does():
     edge = torch.tensor(GREEDY_TEMPERATURE, dtype=torch.float32)
-    values = torch.stack([
-        edge, torch.nextafter(edge, torch.tensor(0.0)), torch.nextafter(edge, torch.tensor(1.0)), torch.tensor(0.0),
-        torch.tensor(-0.0), torch.tensor(1e-5 * 0.999999), torch.tensor(1e-5 * 1.000001), torch.tensor(0.7),
-    ]).to(torch.float32)  # fmt: skip
+    values = torch.stack(
+        [
+            edge,
+            torch.nextafter(edge, torch.tensor(0.0)),
+            torch.nextafter(edge, torch.tensor(1.0)),
+            torch.tensor(0.0),
+            torch.tensor(-0.0),
+            torch.tensor(1e-5 * 0.999999),
+            torch.tensor(1e-5 * 1.000001),
+            torch.tensor(0.7),
+        ]
+    ).to(torch.float32)
     assert [is_greedy_value(t) for t in values.tolist()] == is_greedy(values).tolist()
     assert is_greedy(values).tolist()[:3] == [False, True, False]
 
@@ -71,14 +87,14 @@ def test_draft_ids_read_to_the_host_raise_what_the_tensor_check_raises():
         for _ in range(int(torch.randint(0, 3, (), generator=g))):
             row, position = (int(i) for i in torch.randint(0, 3, (2,), generator=g))
             draft[row, position] = int(torch.tensor([-2, -7, 20, 99])[torch.randint(0, 4, (), generator=g)])
-        expected = _outcome(lambda: checks.check_draft_ids(draft, 20))
-        assert _outcome(lambda: checks.check_draft_ids(draft, 20, values=draft.tolist())) == expected
+        expected = _outcome(checks.check_draft_ids, draft, 20)
+        assert _outcome(checks.check_draft_ids, draft, 20, values=draft.tolist()) == expected
 
 
-def _outcome(call):
-    """("ok", None) or (exception type, message)."""
+def _outcome(function, *args, **kwargs):
+    """function(*args, **kwargs) -> ("ok", None) or (exception type, message)."""
     try:
-        call()
+        function(*args, **kwargs)
     except (ValueError, TypeError) as error:
         return type(error), str(error)
     return "ok", None
@@ -90,7 +106,12 @@ BAD = {
     "top_p": [math.nan, 0.0, -0.1, 1.5, math.inf],
     "min_p": [math.nan, -0.01, 1.01, -math.inf],
 }
-GOOD = {"temperature": [0.0, 1e-6, 0.7, 2.0], "top_k": [-1, 0, 1, 50], "top_p": [1e-3, 0.5, 1.0], "min_p": [0.0, 0.1, 1.0]}
+GOOD = {
+    "temperature": [0.0, 1e-6, 0.7, 2.0],
+    "top_k": [-1, 0, 1, 50],
+    "top_p": [1e-3, 0.5, 1.0],
+    "min_p": [0.0, 0.1, 1.0],
+}
 
 
 @pytest.mark.parametrize("rows", [1, 5, checks.HOST_ROWS + 3])
@@ -113,12 +134,12 @@ def test_value_checks_on_host_lists_raise_what_the_tensor_checks_raise(rows):
                 cases.append(case)
     for case in cases + [{**params(), "min_p": None}]:
         tensors = (case["temperature"], case["top_k"], case["top_p"], case["min_p"])
-        expected = _outcome(lambda: checks.check_sampling_values(*tensors))
+        expected = _outcome(checks.check_sampling_values, *tensors)
         host = checks.host_values(*tensors)
         assert (host is None) == (rows > checks.HOST_ROWS)
         if host is not None:
-            assert _outcome(lambda: checks.check_sampling_values(*tensors, host)) == expected
-        sampled = _outcome(lambda: sv.sample(torch.zeros(rows, 6), *tensors[:3], 0, tensors[3]))
+            assert _outcome(checks.check_sampling_values, *tensors, host) == expected
+        sampled = _outcome(sv.sample, torch.zeros(rows, 6), *tensors[:3], 0, tensors[3])
         assert sampled == expected
 
 
@@ -127,13 +148,21 @@ def test_a_nan_top_p_is_named_before_a_min_top_p_hint_above_other_rows():
     for top_p in ([0.5, math.nan], [math.nan, 0.5]):
         with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\] \(got nan at row"):
             sv.stochastic_acceptance_sampler(
-                torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, 2, 8), torch.ones(2), torch.zeros(2, dtype=torch.int64),
-                None, torch.tensor(top_p), 0.9, 0,
-            )  # fmt: skip
+                torch.zeros(2, 1, dtype=torch.int64),
+                torch.zeros(2, 2, 8),
+                torch.ones(2),
+                torch.zeros(2, dtype=torch.int64),
+                None,
+                torch.tensor(top_p),
+                0.9,
+                0,
+            )
 
 
 def _random_call(g: torch.Generator, batch: int, positions: int, vocab: int, mode: str) -> dict:
-    pick = lambda values, dtype: torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch,), generator=g)]  # noqa: E731
+    def pick(values, dtype):
+        return torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch,), generator=g)]
+
     logits = torch.randn(batch, positions + 1, vocab, generator=g) * 3
     draft = torch.where(
         torch.rand(batch, positions, generator=g) < 0.5,
@@ -142,7 +171,9 @@ def _random_call(g: torch.Generator, batch: int, positions: int, vocab: int, mod
     )
     cut = torch.randint(0, positions + 1, (batch, 1), generator=g)  # ragged: -1 from a row's cut onward
     draft = torch.where(torch.arange(positions) >= cut, -1, draft)
-    draft = torch.where(torch.rand(batch, positions, generator=g) < 0.15, -1, draft)  # holes: a row ends at its first -1
+    draft = torch.where(
+        torch.rand(batch, positions, generator=g) < 0.15, -1, draft
+    )  # holes: a row ends at its first -1
     args = dict(
         draft_tokens=draft.to(torch.int32 if batch % 2 else torch.int64),
         target_logits=logits,
@@ -186,7 +217,14 @@ def test_validating_sample_gives_the_draws_of_a_sample_that_reads_nothing_back()
     g = torch.Generator().manual_seed(3)
     for rows in (1, 2, 5, HOST_KEYS, HOST_KEYS + 1):
         args = _random_call(g, rows, 0, 40, "bitmask")
-        call = (args["target_logits"][:, 0], args["temperature"], args["top_k"], args["top_p"], args["seed"], args["min_p"])
+        call = (
+            args["target_logits"][:, 0],
+            args["temperature"],
+            args["top_k"],
+            args["top_p"],
+            args["seed"],
+            args["min_p"],
+        )
         mask = args["token_bitmasks"][:, 0]
         for token_bitmask in (None, mask):
             checked = sv.sample(*call, token_bitmask=token_bitmask, validate=True)

@@ -53,7 +53,9 @@ def _batch(seed: int, groups=GROUPS):
     laws = np.array(
         [
             [
-                truncated_distribution(logits[g, j], group.temperature, group.top_k, group.top_p, group.min_p, allowed[g, j])
+                truncated_distribution(
+                    logits[g, j], group.temperature, group.top_k, group.top_p, group.min_p, allowed[g, j]
+                )
                 for j in range(K + 1)
             ]
             for g, group in enumerate(groups)
@@ -63,8 +65,15 @@ def _batch(seed: int, groups=GROUPS):
 
 
 def _params(groups, rows):
-    column = lambda name, dtype: torch.tensor([getattr(g, name) for g in groups], dtype=dtype).repeat_interleave(rows)  # noqa: E731
-    return column("temperature", torch.float32), column("top_k", torch.int64), column("top_p", torch.float32), column("min_p", torch.float32)
+    def column(name, dtype):
+        return torch.tensor([getattr(g, name) for g in groups], dtype=dtype).repeat_interleave(rows)
+
+    return (
+        column("temperature", torch.float32),
+        column("top_k", torch.int64),
+        column("top_p", torch.float32),
+        column("min_p", torch.float32),
+    )
 
 
 def _seeds(n: int, seed: int) -> torch.Tensor:
@@ -76,8 +85,17 @@ def _verify(logits, allowed, draft, groups, rows, seed, **kwargs):
     target = torch.as_tensor(logits).repeat_interleave(rows, dim=0)
     masks = sv.pack_bitmask(torch.as_tensor(allowed)).repeat_interleave(rows, dim=0)
     first, recovered, bonus = sv.stochastic_acceptance_sampler(
-        draft, target, temperature, top_k, None, top_p, None, _seeds(len(draft), seed),
-        token_bitmasks=masks, min_p=min_p, **kwargs,
+        draft,
+        target,
+        temperature,
+        top_k,
+        None,
+        top_p,
+        None,
+        _seeds(len(draft), seed),
+        token_bitmasks=masks,
+        min_p=min_p,
+        **kwargs,
     )
     tokens, _ = sv.committed_tokens(first, recovered, bonus)
     return first.numpy(), tokens.numpy()
@@ -158,7 +176,14 @@ def test_sampled_mode_commits_the_truncated_target(kind):
             draft[g * rows : (g + 1) * rows, j] = rng.choice(V, size=rows, p=law)
     q_rows = torch.as_tensor(q, dtype=torch.float32).repeat_interleave(rows, dim=0)
     first, tokens = _verify(
-        logits, allowed, torch.as_tensor(draft), GROUPS, rows, seed=22, draft_proposal="sampled", draft_probs_full=q_rows
+        logits,
+        allowed,
+        torch.as_tensor(draft),
+        GROUPS,
+        rows,
+        seed=22,
+        draft_proposal="sampled",
+        draft_probs_full=q_rows,
     )
     for g in range(len(GROUPS)):
         block = slice(g * rows, (g + 1) * rows)
@@ -194,8 +219,16 @@ def test_sampled_mode_law_for_each_fixed_draft_token():
     for draft_token in (int(np.argmax(target)), int(np.argmax(q)), int(np.argsort(target)[-2]), int(np.argmin(target))):
         draft = torch.full((rows, K), draft_token)
         q_rows = torch.as_tensor(q, dtype=torch.float32).expand(rows, K, V).contiguous()
-        first, tokens = _verify(logits, allowed, draft, [group], rows, seed=32 + draft_token,
-                                draft_proposal="sampled", draft_probs_full=q_rows)
+        first, tokens = _verify(
+            logits,
+            allowed,
+            draft,
+            [group],
+            rows,
+            seed=32 + draft_token,
+            draft_proposal="sampled",
+            draft_probs_full=q_rows,
+        )
         accept, law = sampled_position_law(target, q, draft_token)
         assert_follows(tokens[:, 0], law, f"fixed draft {draft_token}")
         assert abs((first >= 1).mean() - accept) < 4.5 * np.sqrt(accept * (1 - accept) / rows) + 1e-12

@@ -47,9 +47,18 @@ def _chain(rng: np.random.Generator, batch: int, nodes: int, padded: bool):
 
 def _chain_committed(args: dict, **extra) -> tuple[torch.Tensor, torch.Tensor]:
     out = sv.stochastic_acceptance_sampler(
-        args["draft_tokens"], args["target_logits"], args["temperature"], args["top_k"], None, args["top_p"],
-        None, args["seed"], token_bitmasks=args.get("token_bitmasks"), min_p=args["min_p"], **extra,
-    )  # fmt: skip
+        args["draft_tokens"],
+        args["target_logits"],
+        args["temperature"],
+        args["top_k"],
+        None,
+        args["top_p"],
+        None,
+        args["seed"],
+        token_bitmasks=args.get("token_bitmasks"),
+        min_p=args["min_p"],
+        **extra,
+    )
     return sv.committed_tokens(*out)
 
 
@@ -59,7 +68,9 @@ def test_a_chain_shaped_tree_is_the_chain_verifier_in_argmax_mode(code_path, pad
     batch, nodes = 60, 5
     draft, parents = _chain(rng, batch, nodes, padded)
     logits = torch.as_tensor(rng.normal(0, 2, size=(batch, nodes + 1, V)), dtype=torch.float32)
-    args = dict(draft_tokens=draft, target_logits=logits, token_bitmasks=_masks(rng, (batch, nodes + 1)), **_params(rng, batch))
+    args = dict(
+        draft_tokens=draft, target_logits=logits, token_bitmasks=_masks(rng, (batch, nodes + 1)), **_params(rng, batch)
+    )
     # drafts that often agree with the target, so that paths run deep
     likely = logits.argmax(-1)[:, :nodes]
     args["draft_tokens"] = torch.where((draft >= 0) & torch.as_tensor(rng.random((batch, nodes)) < 0.6), likely, draft)
@@ -76,17 +87,27 @@ def test_a_chain_shaped_tree_is_the_chain_verifier_in_sampled_mode(code_path):
     draft, parents = _chain(rng, batch, nodes, padded=False)
     logits = torch.as_tensor(rng.normal(0, 1.5, size=(batch, nodes + 1, V)), dtype=torch.float32)
     scores = logits[:, :nodes].double().numpy()
-    q = 0.7 * np.exp(scores) / np.exp(scores).sum(-1, keepdims=True) + 0.3 * rng.dirichlet(np.ones(V), size=(batch, nodes))
+    q = 0.7 * np.exp(scores) / np.exp(scores).sum(-1, keepdims=True) + 0.3 * rng.dirichlet(
+        np.ones(V), size=(batch, nodes)
+    )
     q[:, :, 2] = 0.0  # a token the draft cannot sample: judged without a distribution
     q /= q.sum(-1, keepdims=True)
     q[::7, 1] = 0.0  # rows without a distribution
-    draft = np.array([[rng.choice(V, p=q[b, j]) if q[b, j].sum() else rng.integers(V) for j in range(nodes)] for b in range(batch)])
+    draft = np.array(
+        [[rng.choice(V, p=q[b, j]) if q[b, j].sum() else rng.integers(V) for j in range(nodes)] for b in range(batch)]
+    )
     draft[::5, 0] = 2
-    args = dict(draft_tokens=torch.as_tensor(draft), target_logits=logits, token_bitmasks=_masks(rng, (batch, nodes + 1)),
-                **_params(rng, batch))  # fmt: skip
+    args = dict(
+        draft_tokens=torch.as_tensor(draft),
+        target_logits=logits,
+        token_bitmasks=_masks(rng, (batch, nodes + 1)),
+        **_params(rng, batch),
+    )
     probs = torch.as_tensor(q, dtype=torch.float32)
     for scheme in ("with_replacement", "without_replacement"):  # one child per node: the schemes agree
-        out = sv.tree_acceptance_sampler(parents=parents, draft_proposal="sampled", draft_probs=probs, sibling_draws=scheme, **args)
+        out = sv.tree_acceptance_sampler(
+            parents=parents, draft_proposal="sampled", draft_probs=probs, sibling_draws=scheme, **args
+        )
         tokens, count = sv.tree_committed_tokens(args["draft_tokens"], *out)
         chain_tokens, chain_count = _chain_committed(args, draft_proposal="sampled", draft_probs_full=probs)
         assert torch.equal(tokens, chain_tokens) and torch.equal(count, chain_count)
@@ -105,8 +126,12 @@ def _random_tree_args(seed: int, batch: int = 48, nodes: int = 10, vocab_top: in
     tokens = order[np.arange(batch)[:, None], parent_index]  # [B, N, V]: ids by rank at the parent's index
     draft = np.where(draft >= 0, np.take_along_axis(tokens, np.maximum(draft, 0)[..., None], axis=-1)[..., 0], -1)
     draft, parents, logits = insert_padding(rng, draft, parents, logits)
-    args = dict(draft_tokens=torch.as_tensor(draft), parents=torch.as_tensor(parents),
-                target_logits=torch.as_tensor(logits), **_params(rng, batch))  # fmt: skip
+    args = dict(
+        draft_tokens=torch.as_tensor(draft),
+        parents=torch.as_tensor(parents),
+        target_logits=torch.as_tensor(logits),
+        **_params(rng, batch),
+    )
     if masks:
         args["token_bitmasks"] = _masks(rng, (batch, nodes + 2))
     return args
@@ -144,7 +169,9 @@ def test_the_output_does_not_depend_on_the_batch():
 
 def test_a_shared_seed_spreads_over_rows_as_in_the_chain_verifier():
     args = _random_tree_args(seed=7, batch=6)
-    spread = torch.tensor([(1234 + b * 0x9E3779B97F4A7C15) % 2**64 for b in range(6)], dtype=torch.uint64).view(torch.int64)
+    spread = torch.tensor([(1234 + b * 0x9E3779B97F4A7C15) % 2**64 for b in range(6)], dtype=torch.uint64).view(
+        torch.int64
+    )
     shared = sv.tree_acceptance_sampler(**{**args, "seed": 1234})
     per_row = sv.tree_acceptance_sampler(**{**args, "seed": spread})
     assert all(torch.equal(x, y) for x, y in zip(shared, per_row))
@@ -158,7 +185,9 @@ def test_greedy_rows_follow_the_argmax(proposal):
     extra = {}
     if proposal == "sampled":
         q = torch.softmax(torch.randn(batch, nodes, V, generator=torch.Generator().manual_seed(0)), -1)
-        first_sibling = torch.tensor([[row.index(p) if p in row else i for i, p in enumerate(row)] for row in args["parents"].tolist()])
+        first_sibling = torch.tensor(
+            [[row.index(p) if p in row else i for i, p in enumerate(row)] for row in args["parents"].tolist()]
+        )
         extra = dict(draft_proposal="sampled", draft_probs=q.gather(1, first_sibling[..., None].expand_as(q)))
     path, length, token = sv.tree_acceptance_sampler(**args, **extra)
     logits = args["target_logits"].float().nan_to_num(nan=-1.0)
@@ -187,16 +216,26 @@ def test_no_nodes_commits_one_plain_sample(proposal):
         unchecked = sv.tree_acceptance_sampler(empty, empty, logits, **params, **extra, validate=False)
     path, length, token = sv.tree_acceptance_sampler(empty, empty, logits, **params, **extra)
     assert path.shape == (batch, 0) and (length == 0).all()
-    assert torch.equal(token, sv.sample(logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], min_p=params["min_p"]))
+    assert torch.equal(
+        token,
+        sv.sample(
+            logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], min_p=params["min_p"]
+        ),
+    )
     assert all(torch.equal(x, y) for x, y in zip((path, length, token), unchecked))
     assert sv.tree_committed_tokens(empty, path, length, token)[0].tolist() == token[:, None].tolist()
 
 
 def test_an_empty_batch_returns_empty_shapes():
     out = sv.tree_acceptance_sampler(
-        torch.zeros(0, 3, dtype=torch.int64), torch.zeros(0, 3, dtype=torch.int64), torch.zeros(0, 4, V),
-        torch.zeros(0), torch.zeros(0, dtype=torch.int64), torch.ones(0), torch.zeros(0, dtype=torch.int64),
-    )  # fmt: skip
+        torch.zeros(0, 3, dtype=torch.int64),
+        torch.zeros(0, 3, dtype=torch.int64),
+        torch.zeros(0, 4, V),
+        torch.zeros(0),
+        torch.zeros(0, dtype=torch.int64),
+        torch.ones(0),
+        torch.zeros(0, dtype=torch.int64),
+    )
     assert [tuple(t.shape) for t in out] == [(0, 3), (0,), (0,)] and all(t.dtype == torch.int64 for t in out)
 
 
@@ -208,7 +247,9 @@ def test_validate_false_reads_nothing_back_and_gives_the_same_outputs(code_path,
         # siblings share q: each node's q is a random law of its parent's index
         laws = torch.softmax(torch.randn(batch, nodes + 1, V, generator=torch.Generator().manual_seed(1)), -1)
         parent_index = (args["parents"] + 1).clamp(0, nodes)
-        args.update(draft_proposal="sampled", draft_probs=laws.gather(1, parent_index[..., None].expand(-1, -1, V)).contiguous())
+        args.update(
+            draft_proposal="sampled", draft_probs=laws.gather(1, parent_index[..., None].expand(-1, -1, V)).contiguous()
+        )
     before = snapshot(args)
     checked = sv.tree_acceptance_sampler(**args)
     with forbid_host_reads():
@@ -302,14 +343,21 @@ def test_validate_false_treats_out_of_range_ids_and_parents_as_padding():
     garbage_parents[2::6, 2] = nodes + 3
     garbage_parents[5::6, 2] = -4
     with forbid_host_reads():
-        path, length, token = sv.tree_acceptance_sampler(**{**args, "draft_tokens": garbage_draft, "parents": garbage_parents}, validate=False)
+        path, length, token = sv.tree_acceptance_sampler(
+            **{**args, "draft_tokens": garbage_draft, "parents": garbage_parents}, validate=False
+        )
     # the same as padding node 2 and everything below it
     below = torch.zeros_like(draft, dtype=torch.bool)
     below[:, 2] = True
     for i in range(3, nodes):
-        below[:, i] = (draft[:, i] >= 0) & (parents[:, i] >= 0) & below.gather(1, parents[:, i : i + 1].clamp(0, i - 1))[:, 0]
+        below[:, i] = (
+            (draft[:, i] >= 0) & (parents[:, i] >= 0) & below.gather(1, parents[:, i : i + 1].clamp(0, i - 1))[:, 0]
+        )
     padded = torch.where(below, -1, draft)
-    assert all(torch.equal(x, y) for x, y in zip((path, length, token), sv.tree_acceptance_sampler(**{**args, "draft_tokens": padded})))
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip((path, length, token), sv.tree_acceptance_sampler(**{**args, "draft_tokens": padded}))
+    )
     assert ((token >= 0) & (token < V)).all()
 
 
@@ -322,10 +370,14 @@ def test_validate_false_with_garbage_values_still_returns_valid_ids_and_indices(
     args = dict(
         draft_tokens=torch.as_tensor(rng.integers(-3, V + 3, size=(batch, nodes))),
         parents=torch.as_tensor(rng.integers(-3, nodes + 3, size=(batch, nodes))),
-        target_logits=logits, temperature=torch.tensor([-1.0, float("nan")] + [1.0] * (batch - 2)),
-        top_k=torch.full((batch,), -9), top_p=torch.full((batch,), 1.5), seed=5,
-        draft_proposal="sampled", draft_probs=torch.as_tensor(rng.normal(size=(batch, nodes, V)), dtype=torch.float32),
-    )  # fmt: skip
+        target_logits=logits,
+        temperature=torch.tensor([-1.0, float("nan")] + [1.0] * (batch - 2)),
+        top_k=torch.full((batch,), -9),
+        top_p=torch.full((batch,), 1.5),
+        seed=5,
+        draft_proposal="sampled",
+        draft_probs=torch.as_tensor(rng.normal(size=(batch, nodes, V)), dtype=torch.float32),
+    )
     with forbid_host_reads():
         path, length, token = sv.tree_acceptance_sampler(**args, validate=False)
     assert ((token >= 0) & (token < V)).all() and ((length >= 0) & (length <= nodes)).all()
@@ -334,14 +386,27 @@ def test_validate_false_with_garbage_values_still_returns_valid_ids_and_indices(
 
 def test_tree_committed_tokens():
     draft = torch.tensor([[5, 6, 7], [1, 2, 3]])
-    tokens, count = sv.tree_committed_tokens(draft, torch.tensor([[0, 2, -1], [-1, -1, -1]]), torch.tensor([2, 0]), torch.tensor([9, 4]))
+    tokens, count = sv.tree_committed_tokens(
+        draft, torch.tensor([[0, 2, -1], [-1, -1, -1]]), torch.tensor([2, 0]), torch.tensor([9, 4])
+    )
     assert tokens.tolist() == [[5, 7, 9, -1], [4, -1, -1, -1]] and count.tolist() == [3, 1]
     with pytest.raises(ValueError, match=re.escape("path_length must be in [0, N = 3] (got 4 at row 1)")):
-        sv.tree_committed_tokens(draft, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([0, 4]), torch.tensor([1, 1]))
-    with pytest.raises(ValueError, match=re.escape("path must hold node indices in [0, 3) before path_length (got -1 at row 0, depth 1)")):
-        sv.tree_committed_tokens(draft, torch.tensor([[0, -1, -1], [0, 0, 0]]), torch.tensor([2, 0]), torch.tensor([1, 1]))
-    with pytest.raises(TypeError, match=re.escape("next_token must be an integer tensor [B] (got dtype torch.float32)")):
-        sv.tree_committed_tokens(draft, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]))
+        sv.tree_committed_tokens(
+            draft, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([0, 4]), torch.tensor([1, 1])
+        )
+    with pytest.raises(
+        ValueError,
+        match=re.escape("path must hold node indices in [0, 3) before path_length (got -1 at row 0, depth 1)"),
+    ):
+        sv.tree_committed_tokens(
+            draft, torch.tensor([[0, -1, -1], [0, 0, 0]]), torch.tensor([2, 0]), torch.tensor([1, 1])
+        )
+    with pytest.raises(
+        TypeError, match=re.escape("next_token must be an integer tensor [B] (got dtype torch.float32)")
+    ):
+        sv.tree_committed_tokens(
+            draft, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])
+        )
 
 
 # ---- errors (SPEC §6, §8) ------------------------------------------------------------------------------
@@ -353,10 +418,16 @@ def _valid(**overrides) -> dict:
     q = torch.softmax(torch.randn(2, 4, V, generator=g), -1)
     q[:, 2] = q[:, 1]  # siblings share q
     args = dict(
-        draft_tokens=torch.tensor([[1, 2, 3, -1], [4, 5, 6, -1]]), parents=torch.tensor([[-1, 0, 0, 9], [-1, 0, 0, -1]]),
-        target_logits=torch.randn(2, 5, V, generator=g), temperature=torch.ones(2), top_k=torch.tensor([-1, 3]),
-        top_p=torch.ones(2), seed=torch.tensor([1, 2]), draft_proposal="sampled", draft_probs=q,
-    )  # fmt: skip
+        draft_tokens=torch.tensor([[1, 2, 3, -1], [4, 5, 6, -1]]),
+        parents=torch.tensor([[-1, 0, 0, 9], [-1, 0, 0, -1]]),
+        target_logits=torch.randn(2, 5, V, generator=g),
+        temperature=torch.ones(2),
+        top_k=torch.tensor([-1, 3]),
+        top_p=torch.ones(2),
+        seed=torch.tensor([1, 2]),
+        draft_proposal="sampled",
+        draft_probs=q,
+    )
     args.update(overrides)
     return args
 
@@ -370,43 +441,151 @@ def _edit(name: str, index: tuple, value, **overrides) -> dict:
 
 
 ERRORS = [
-    ("draft id", _edit("draft_tokens", (1, 2), V), ValueError, f"draft_tokens must be in [-1, {V}) (got {V} at row 1, node 2)"),
-    ("parent later", _edit("parents", (0, 1), 1), ValueError,
-     "parents must be -1 (the root) or the index of an earlier node, in [-1, i) for node i (got 1 at row 0, node 1)"),
+    (
+        "draft id",
+        _edit("draft_tokens", (1, 2), V),
+        ValueError,
+        f"draft_tokens must be in [-1, {V}) (got {V} at row 1, node 2)",
+    ),
+    (
+        "parent later",
+        _edit("parents", (0, 1), 1),
+        ValueError,
+        "parents must be -1 (the root) or the index of an earlier node, in [-1, i) for node i (got 1 at row 0, node 1)",
+    ),
     ("parent out of range", _edit("parents", (1, 2), -2), ValueError, "(got -2 at row 1, node 2)"),
-    ("parent absent", _edit("parents", (1, 3), 2, draft_tokens=torch.tensor([[1, 2, 3, -1], [4, 5, -1, 6]])), ValueError,
-     "parents must be a present node (not padding) (got 2 at row 1, node 3)"),
-    ("nan logit", _edit("target_logits", (1, 2, 4), float("nan")), ValueError,
-     "target_logits must not hold NaN or +inf (got nan at row 1, index 2, token 4)"),
+    (
+        "parent absent",
+        _edit("parents", (1, 3), 2, draft_tokens=torch.tensor([[1, 2, 3, -1], [4, 5, -1, 6]])),
+        ValueError,
+        "parents must be a present node (not padding) (got 2 at row 1, node 3)",
+    ),
+    (
+        "nan logit",
+        _edit("target_logits", (1, 2, 4), float("nan")),
+        ValueError,
+        "target_logits must not hold NaN or +inf (got nan at row 1, index 2, token 4)",
+    ),
     ("inf logit", _edit("target_logits", (0, 0, 0), float("inf")), ValueError, "(got inf at row 0, index 0, token 0)"),
-    ("empty logits", _edit("target_logits", (0, 3), float("-inf")), ValueError,
-     "target_logits must leave at least one token with a finite logit (got none at row 0, index 3)"),
-    ("empty mask", dict(_valid(), token_bitmasks=torch.zeros(2, 5, 1, dtype=torch.int32).index_fill(1, torch.tensor([0, 1, 2, 4]), -1)),
-     ValueError, "token_bitmasks must leave at least one token with a finite logit (got none at row 0, index 3)"),
-    ("unequal siblings", _edit("draft_probs", (1, 2), torch.full((V,), 1.0 / V)), ValueError,
-     "draft_probs rows of siblings must agree within 1e-6 (got a difference of"),
-    ("q not normalised", _edit("draft_probs", (0, 1), 0.5), ValueError,
-     "draft_probs rows must sum to 1 (within 1e-3) or be all zero (got a sum of 4.5 at row 0, node 1)"),
-    ("q negative", _edit("draft_probs", (0, 0, 3), -0.5), ValueError, "draft_probs must be >= 0 (got -0.5 at row 0, node 0, token 3)"),
-    ("temperature", _valid(temperature=torch.tensor([1.0, -1.0])), ValueError, "temperature must be finite and >= 0 (got -1.0 at row 1)"),
+    (
+        "empty logits",
+        _edit("target_logits", (0, 3), float("-inf")),
+        ValueError,
+        "target_logits must leave at least one token with a finite logit (got none at row 0, index 3)",
+    ),
+    (
+        "empty mask",
+        dict(
+            _valid(),
+            token_bitmasks=torch.zeros(2, 5, 1, dtype=torch.int32).index_fill(1, torch.tensor([0, 1, 2, 4]), -1),
+        ),
+        ValueError,
+        "token_bitmasks must leave at least one token with a finite logit (got none at row 0, index 3)",
+    ),
+    (
+        "unequal siblings",
+        _edit("draft_probs", (1, 2), torch.full((V,), 1.0 / V)),
+        ValueError,
+        "draft_probs rows of siblings must agree within 1e-6 (got a difference of",
+    ),
+    (
+        "q not normalised",
+        _edit("draft_probs", (0, 1), 0.5),
+        ValueError,
+        "draft_probs rows must sum to 1 (within 1e-3) or be all zero (got a sum of 4.5 at row 0, node 1)",
+    ),
+    (
+        "q negative",
+        _edit("draft_probs", (0, 0, 3), -0.5),
+        ValueError,
+        "draft_probs must be >= 0 (got -0.5 at row 0, node 0, token 3)",
+    ),
+    (
+        "temperature",
+        _valid(temperature=torch.tensor([1.0, -1.0])),
+        ValueError,
+        "temperature must be finite and >= 0 (got -1.0 at row 1)",
+    ),
     ("top_p", _valid(top_p=torch.tensor([1.5, 1.0])), ValueError, "top_p must be in (0, 1] (got 1.5 at row 0)"),
     ("min_p", _valid(min_p=torch.tensor([0.0, 2.0])), ValueError, "min_p must be in [0, 1] (got 2.0 at row 1)"),
-    ("top_k", _valid(top_k=torch.tensor([-1, -3])), ValueError, "top_k must be >= -1 (0 or -1 means no limit) (got -3 at row 1)"),
-    ("sibling_draws", _valid(sibling_draws="iid"), ValueError,
-     'sibling_draws must be "with_replacement" or "without_replacement" (got \'iid\')'),
-    ("sibling_draws argmax", _valid(sibling_draws=None, draft_proposal="argmax", draft_probs=None), ValueError, "sibling_draws must be"),
-    ("proposal", _valid(draft_proposal="greedy"), ValueError, "draft_proposal must be \"argmax\" or \"sampled\" (got 'greedy')"),
-    ("q missing", _valid(draft_probs=None), ValueError, 'draft_probs is required when draft_proposal="sampled" (got None)'),
-    ("q with argmax", _valid(draft_proposal="argmax"), ValueError, 'draft_probs must be None when draft_proposal="argmax" (got a tensor)'),
-    ("q shape", _valid(draft_probs=torch.zeros(2, 3, V)), ValueError, f"draft_probs must have shape [B, N, V] = [2, 4, {V}] (got [2, 3, {V}])"),
-    ("parents shape", _valid(parents=torch.zeros(2, 3, dtype=torch.int64)), ValueError, "parents must have shape [B, N] = [2, 4] (got [2, 3])"),
-    ("parents dtype", _valid(parents=torch.zeros(2, 4)), TypeError, "parents must be an int32 or int64 tensor [B, N] (got dtype torch.float32)"),
-    ("draft dtype", _valid(draft_tokens=torch.zeros(2, 4)), TypeError, "draft_tokens must be an int32 or int64 tensor [B, N] (got dtype torch.float32)"),
-    ("logits shape", _valid(target_logits=torch.zeros(2, 4, V)), ValueError,
-     f"target_logits must have shape [B*(N+1), V] = [10, V] or [B, N+1, V] = [2, 5, V] with V >= 1 (got [2, 4, {V}])"),
-    ("mask shape", _valid(token_bitmasks=torch.zeros(2, 4, 1, dtype=torch.int32)), ValueError,
-     "token_bitmasks must have shape [B, N+1, ceil(V/32)] = [2, 5, 1] (got [2, 4, 1])"),
-    ("seed", _valid(seed=torch.zeros(3, dtype=torch.int64)), ValueError, "seed must be an int, a 0-d or [1] tensor, or a tensor of shape [B] = [2]"),
+    (
+        "top_k",
+        _valid(top_k=torch.tensor([-1, -3])),
+        ValueError,
+        "top_k must be >= -1 (0 or -1 means no limit) (got -3 at row 1)",
+    ),
+    (
+        "sibling_draws",
+        _valid(sibling_draws="iid"),
+        ValueError,
+        'sibling_draws must be "with_replacement" or "without_replacement" (got \'iid\')',
+    ),
+    (
+        "sibling_draws argmax",
+        _valid(sibling_draws=None, draft_proposal="argmax", draft_probs=None),
+        ValueError,
+        "sibling_draws must be",
+    ),
+    (
+        "proposal",
+        _valid(draft_proposal="greedy"),
+        ValueError,
+        'draft_proposal must be "argmax" or "sampled" (got \'greedy\')',
+    ),
+    (
+        "q missing",
+        _valid(draft_probs=None),
+        ValueError,
+        'draft_probs is required when draft_proposal="sampled" (got None)',
+    ),
+    (
+        "q with argmax",
+        _valid(draft_proposal="argmax"),
+        ValueError,
+        'draft_probs must be None when draft_proposal="argmax" (got a tensor)',
+    ),
+    (
+        "q shape",
+        _valid(draft_probs=torch.zeros(2, 3, V)),
+        ValueError,
+        f"draft_probs must have shape [B, N, V] = [2, 4, {V}] (got [2, 3, {V}])",
+    ),
+    (
+        "parents shape",
+        _valid(parents=torch.zeros(2, 3, dtype=torch.int64)),
+        ValueError,
+        "parents must have shape [B, N] = [2, 4] (got [2, 3])",
+    ),
+    (
+        "parents dtype",
+        _valid(parents=torch.zeros(2, 4)),
+        TypeError,
+        "parents must be an int32 or int64 tensor [B, N] (got dtype torch.float32)",
+    ),
+    (
+        "draft dtype",
+        _valid(draft_tokens=torch.zeros(2, 4)),
+        TypeError,
+        "draft_tokens must be an int32 or int64 tensor [B, N] (got dtype torch.float32)",
+    ),
+    (
+        "logits shape",
+        _valid(target_logits=torch.zeros(2, 4, V)),
+        ValueError,
+        f"target_logits must have shape [B*(N+1), V] = [10, V] or [B, N+1, V] = [2, 5, V] with V >= 1 (got [2, 4, {V}])",
+    ),
+    (
+        "mask shape",
+        _valid(token_bitmasks=torch.zeros(2, 4, 1, dtype=torch.int32)),
+        ValueError,
+        "token_bitmasks must have shape [B, N+1, ceil(V/32)] = [2, 5, 1] (got [2, 4, 1])",
+    ),
+    (
+        "seed",
+        _valid(seed=torch.zeros(3, dtype=torch.int64)),
+        ValueError,
+        "seed must be an int, a 0-d or [1] tensor, or a tensor of shape [B] = [2]",
+    ),
 ]
 
 

@@ -57,7 +57,10 @@ def _trees(seed: int, draws: str, rows: int = ROWS):
     below = np.take_along_axis(below, top[..., None].repeat(GRANDCHILDREN, -1), axis=1)  # [R, 3, 2]
     nodes = ROOT_CHILDREN * (1 + GRANDCHILDREN)
     draft = np.concatenate([top, below.reshape(rows, -1)], axis=1)
-    parents = np.concatenate([np.full((rows, ROOT_CHILDREN), -1), np.repeat(np.arange(ROOT_CHILDREN), GRANDCHILDREN)[None].repeat(rows, 0)], axis=1)
+    parents = np.concatenate(
+        [np.full((rows, ROOT_CHILDREN), -1), np.repeat(np.arange(ROOT_CHILDREN), GRANDCHILDREN)[None].repeat(rows, 0)],
+        axis=1,
+    )
     logits = np.empty((rows, nodes + 1, V), dtype=np.float32)
     logits[:, 0] = root
     logits[:, 1 : ROOT_CHILDREN + 1] = by_token[top]
@@ -68,9 +71,14 @@ def _trees(seed: int, draws: str, rows: int = ROWS):
     draft, parents, logits, probs = insert_padding(rng, draft, parents, logits, probs)
     seeds = torch.as_tensor(rng.integers(-(2**63), 2**63 - 1, size=rows, dtype=np.int64))
     args = dict(
-        draft_tokens=torch.as_tensor(draft), parents=torch.as_tensor(parents), target_logits=torch.as_tensor(logits),
-        temperature=torch.full((rows,), TEMPERATURE), top_k=torch.full((rows,), TOP_K), top_p=torch.ones(rows), seed=seeds,
-    )  # fmt: skip
+        draft_tokens=torch.as_tensor(draft),
+        parents=torch.as_tensor(parents),
+        target_logits=torch.as_tensor(logits),
+        temperature=torch.full((rows,), TEMPERATURE),
+        top_k=torch.full((rows,), TOP_K),
+        top_p=torch.ones(rows),
+        seed=seeds,
+    )
     return args, probs, (root, by_token, q0, q)
 
 
@@ -84,7 +92,10 @@ def _first_two(args: dict, **extra) -> np.ndarray:
 def _joint_law(setting, draws: str, **variant) -> np.ndarray:
     """Exact law of the first-two-tokens bin under SPEC §8 (or a variant of it), from tree_node_law."""
     root, by_token, q0, q = setting
-    target = lambda logits: truncated_distribution(logits, TEMPERATURE, TOP_K)  # noqa: E731
+
+    def target(logits):
+        return truncated_distribution(logits, TEMPERATURE, TOP_K)
+
     descend, stop = tree_node_law(target(root), q0, ROOT_CHILDREN, draws, "sampled", **variant)
     law = np.zeros((V, V + 1))
     for a in range(V):
@@ -101,14 +112,20 @@ def test_sampled_mode_commits_the_exact_joint_law_of_the_first_two_tokens(code_p
     # the guarantee itself: the first token follows p~ of the root whatever the sibling scheme
     root_target = truncated_distribution(setting[0], TEMPERATURE, TOP_K)
     assert np.allclose(law.reshape(V, V + 1).sum(1), root_target, atol=1e-12)
-    observed = _first_two(args, draft_proposal="sampled", draft_probs=torch.as_tensor(probs, dtype=torch.float32), sibling_draws=draws)
+    observed = _first_two(
+        args, draft_proposal="sampled", draft_probs=torch.as_tensor(probs, dtype=torch.float32), sibling_draws=draws
+    )
     assert_follows(observed, law, f"{draws}: the first two committed tokens")
     assert (observed % (V + 1) < V).mean() > 0.5  # most rows descended
     # power: a verifier that never updates the residual between siblings
-    assert_catches(_joint_law(setting, draws, update_residual=False), law, ROWS, seed=41, what=f"{draws}: residual not updated")
+    assert_catches(
+        _joint_law(setting, draws, update_residual=False), law, ROWS, seed=41, what=f"{draws}: residual not updated"
+    )
     if draws == "without_replacement":
         # a verifier that judges siblings drawn without replacement as if drawn i.i.d. (q keeps their tokens)
-        assert_catches(_joint_law(setting, draws, judged=OTHER[draws]), law, ROWS, seed=42, what="judged with replacement")
+        assert_catches(
+            _joint_law(setting, draws, judged=OTHER[draws]), law, ROWS, seed=42, what="judged with replacement"
+        )
 
 
 def test_siblings_drawn_without_replacement_but_judged_iid_are_caught_in_the_verifier_itself():
@@ -117,8 +134,12 @@ def test_siblings_drawn_without_replacement_but_judged_iid_are_caught_in_the_ver
     # the joint law of its split between descending and stopping.
     args, probs, setting = _trees(seed=41, draws="without_replacement")
     law = _joint_law(setting, "without_replacement")
-    observed = _first_two(args, draft_proposal="sampled", draft_probs=torch.as_tensor(probs, dtype=torch.float32),
-                          sibling_draws="with_replacement")  # fmt: skip
+    observed = _first_two(
+        args,
+        draft_proposal="sampled",
+        draft_probs=torch.as_tensor(probs, dtype=torch.float32),
+        sibling_draws="with_replacement",
+    )
     assert (law[observed] > 0).all()  # no committed pair is impossible: the split is wrong, not the tokens
     assert samples_p_value(observed, law) < POWER_P_VALUE
 
@@ -129,7 +150,9 @@ def test_argmax_mode_accepts_at_the_root_with_the_mass_of_the_distinct_children(
     target = truncated_distribution(root, TEMPERATURE, TOP_K)
     # P(some child has token y) for y ~ p~: three i.i.d. draws from q0, duplicates counted once
     accept = float((target * (1 - (1 - q0) ** ROOT_CHILDREN)).sum())
-    assert accept == pytest.approx(tree_node_law(target, q0, ROOT_CHILDREN, "with_replacement", "argmax")[0].sum(), abs=1e-12)
+    assert accept == pytest.approx(
+        tree_node_law(target, q0, ROOT_CHILDREN, "with_replacement", "argmax")[0].sum(), abs=1e-12
+    )
     _, length, _ = sv.tree_acceptance_sampler(**args)
     descended = int((length >= 1).sum())
     assert stats.binomtest(descended, ROWS, accept).pvalue > 1e-4
@@ -144,7 +167,10 @@ def test_argmax_mode_commits_the_target_at_the_root_and_below():
     args, _, setting = _trees(seed=46, draws="with_replacement")
     root, by_token, q0, q = setting
     observed = _first_two(args)
-    target = lambda logits: truncated_distribution(logits, TEMPERATURE, TOP_K)  # noqa: E731
+
+    def target(logits):
+        return truncated_distribution(logits, TEMPERATURE, TOP_K)
+
     descend, stop = tree_node_law(target(root), q0, ROOT_CHILDREN, "with_replacement", "argmax")
     law = np.zeros((V, V + 1))
     for a in range(V):
@@ -176,8 +202,11 @@ def _blind_setting(draws: str):
         outside = [1, 4]  # tokens q gives no mass: the blind sibling's, uniform over them
         q[outside] = 0.0
         q /= q.sum()
-        sequences = [((a, b, c), q[a] * q[c] / len(outside)) for a, b, c in itertools.product(range(BLIND_V), outside, range(BLIND_V))
-                     if q[a] * q[c] > 0]  # fmt: skip
+        sequences = [
+            ((a, b, c), q[a] * q[c] / len(outside))
+            for a, b, c in itertools.product(range(BLIND_V), outside, range(BLIND_V))
+            if q[a] * q[c] > 0
+        ]
     else:
         only = int(np.argsort(root)[-3])  # q's one token: the third most likely, often rejected
         q = np.eye(BLIND_V)[only]
@@ -210,17 +239,24 @@ def test_sampled_siblings_that_q_cannot_draw_are_judged_without_a_distribution(c
     pick = rng.choice(len(sequences), size=ROWS, p=np.array([p for _, p in sequences]))
     draft = torch.as_tensor(np.array([sequences[i][0] for i in pick], dtype=np.int64))
     args = dict(
-        draft_tokens=draft, parents=torch.full((ROWS, 3), -1),
+        draft_tokens=draft,
+        parents=torch.full((ROWS, 3), -1),
         target_logits=torch.as_tensor(root).expand(ROWS, 4, BLIND_V).contiguous(),
-        temperature=torch.full((ROWS,), TEMPERATURE), top_k=torch.full((ROWS,), TOP_K), top_p=torch.ones(ROWS),
+        temperature=torch.full((ROWS,), TEMPERATURE),
+        top_k=torch.full((ROWS,), TOP_K),
+        top_p=torch.ones(ROWS),
         seed=torch.as_tensor(rng.integers(-(2**63), 2**63 - 1, size=ROWS, dtype=np.int64)),
-    )  # fmt: skip
+    )
     path, length, token = sv.tree_acceptance_sampler(
-        **args, draft_proposal="sampled", draft_probs=torch.as_tensor(q, dtype=torch.float32).expand(ROWS, 3, BLIND_V),
+        **args,
+        draft_proposal="sampled",
+        draft_probs=torch.as_tensor(q, dtype=torch.float32).expand(ROWS, 3, BLIND_V),
         sibling_draws=draws,
-    )  # fmt: skip
+    )
     rank = torch.where(length > 0, path[:, 0], 3)
     committed = torch.where(length > 0, draft.gather(1, path[:, :1].clamp(min=0))[:, 0], token)
     assert_follows((rank * BLIND_V + committed).numpy(), law, f"{draws}: blind siblings")
     # power: a verifier that leaves r as it was when it rejects a blind sibling (which can then commit it)
-    assert_catches(_blind_law(draws, forget_blind=True), law, ROWS, seed=63, what=f"{draws}: r keeps a rejected blind sibling")
+    assert_catches(
+        _blind_law(draws, forget_blind=True), law, ROWS, seed=63, what=f"{draws}: r keeps a rejected blind sibling"
+    )

@@ -8,7 +8,6 @@ import torch
 
 import specverify as sv
 from specverify.audit.exact import truncated_distribution
-
 from tests.support.backends import backend_path, native_available
 
 
@@ -30,14 +29,18 @@ def _check_rows(logits, temperature, top_k, top_p, min_p=None, allowed=None):
     """truncated_probs equals the oracle row by row: same kept set, same probabilities (float32)."""
     n, vocab = logits.shape
     bitmask = None if allowed is None else sv.pack_bitmask(torch.as_tensor(allowed))
-    got = sv.truncated_probs(
-        torch.as_tensor(logits, dtype=torch.float32),
-        torch.as_tensor(temperature, dtype=torch.float32),
-        torch.as_tensor(top_k),
-        torch.as_tensor(top_p, dtype=torch.float32),
-        None if min_p is None else torch.as_tensor(min_p, dtype=torch.float32),
-        bitmask,
-    ).double().numpy()
+    got = (
+        sv.truncated_probs(
+            torch.as_tensor(logits, dtype=torch.float32),
+            torch.as_tensor(temperature, dtype=torch.float32),
+            torch.as_tensor(top_k),
+            torch.as_tensor(top_p, dtype=torch.float32),
+            None if min_p is None else torch.as_tensor(min_p, dtype=torch.float32),
+            bitmask,
+        )
+        .double()
+        .numpy()
+    )
     for row in range(n):
         want = truncated_distribution(
             logits[row].astype(np.float32),
@@ -56,7 +59,9 @@ def _check_rows(logits, temperature, top_k, top_p, min_p=None, allowed=None):
 def test_matches_oracle_over_a_grid_of_parameters(ties, backend):
     rng = np.random.default_rng(1 + ties)
     vocab = 40
-    grid = list(itertools.product([0.3, 1.0, 2.5], [-1, 0, 1, 3, 10, vocab, vocab + 5], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1, 0.6]))
+    grid = list(
+        itertools.product([0.3, 1.0, 2.5], [-1, 0, 1, 3, 10, vocab, vocab + 5], [1.0, 0.9, 0.5, 0.05], [0.0, 0.1, 0.6])
+    )
     logits = np.stack([_case_logits(rng, vocab, ties) for _ in grid])
     temperature, top_k, top_p, min_p = (np.array(column) for column in zip(*grid))
     _check_rows(logits, temperature, top_k, top_p, min_p)
@@ -103,7 +108,9 @@ def test_top_p_keeps_ties_with_the_crossing_token(backend):
 
 def test_min_p_keeps_tokens_at_least_min_p_times_the_max(backend):
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
-    probs = sv.truncated_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([1.0]), torch.tensor([0.3]))
+    probs = sv.truncated_probs(
+        logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([1.0]), torch.tensor([0.3])
+    )
     assert (probs[0] > 0).tolist() == [True, True, True, False]  # .15 >= .3 * .5 = .15 is kept
 
 
@@ -136,7 +143,9 @@ def test_half_precision_logits_equal_their_float32_upcast(dtype):
     rng = np.random.default_rng(4)
     logits = torch.as_tensor(rng.normal(0, 2, size=(16, 300)), dtype=dtype)
     params = (torch.full((16,), 0.8), torch.full((16,), 50), torch.full((16,), 0.9))
-    torch.testing.assert_close(sv.truncated_probs(logits, *params), sv.truncated_probs(logits.float(), *params), rtol=0, atol=0)
+    torch.testing.assert_close(
+        sv.truncated_probs(logits, *params), sv.truncated_probs(logits.float(), *params), rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -169,7 +178,11 @@ def test_no_full_vocabulary_sort_is_used(monkeypatch):
 def test_both_backends_sample_the_same_tokens():
     g = torch.Generator().manual_seed(8)
     logits = torch.randn(64, 3000, generator=g) * 3
-    params = (torch.rand(64, generator=g) + 0.2, torch.tensor([0, 5, 60, 5000] * 16), torch.tensor([1.0, 0.9, 0.5, 0.99] * 16))
+    params = (
+        torch.rand(64, generator=g) + 0.2,
+        torch.tensor([0, 5, 60, 5000] * 16),
+        torch.tensor([1.0, 0.9, 0.5, 0.99] * 16),
+    )
     compiled = sv.sample(logits, *params, torch.arange(64))
     with backend_path("torch"):
         assert torch.equal(sv.sample(logits, *params, torch.arange(64)), compiled)

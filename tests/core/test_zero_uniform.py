@@ -115,10 +115,19 @@ def test_u_zero_rejects_exactly_the_drafts_outside_p_tilde(code_path, position, 
     logits, allowed, q, draft, seeds = _case_inputs(position, bits)
     params = [torch.tensor([case[i] for case in CASES]) for i in (1, 2, 3, 4)]
     first, recovered, _ = sv.stochastic_acceptance_sampler(
-        torch.as_tensor(draft), torch.as_tensor(logits), params[0].float(), params[1], None, params[2].float(), None,
-        torch.tensor(seeds), token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
-        draft_proposal="sampled", draft_probs_full=torch.as_tensor(q, dtype=torch.float32), min_p=params[3].float(),
-    )  # fmt: skip
+        torch.as_tensor(draft),
+        torch.as_tensor(logits),
+        params[0].float(),
+        params[1],
+        None,
+        params[2].float(),
+        None,
+        torch.tensor(seeds),
+        token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed)),
+        draft_proposal="sampled",
+        draft_probs_full=torch.as_tensor(q, dtype=torch.float32),
+        min_p=params[3].float(),
+    )
     for b, (name, temperature, top_k, top_p, min_p, d, _, kept) in enumerate(CASES):
         law = oracle.truncated_distribution(logits[b, position], temperature, top_k, top_p, min_p, allowed[b, position])
         assert (law.probs[d] > 0) == kept, f"the case is not what it says: {name}, p~(d) = {law.probs[d]:.3g}"
@@ -138,9 +147,17 @@ def test_u_zero_through_a_shared_seed(code_path):
     verdicts = []
     for seed in (key, torch.tensor(key), torch.tensor([key]), torch.tensor([key, key])):
         first, _, _ = sv.stochastic_acceptance_sampler(
-            torch.tensor([[V - 1], [V - 1]]), logits, torch.ones(2), torch.tensor([-1, -1]), None, torch.ones(2),
-            None, seed, draft_proposal="sampled", draft_probs_full=q,
-        )  # fmt: skip
+            torch.tensor([[V - 1], [V - 1]]),
+            logits,
+            torch.ones(2),
+            torch.tensor([-1, -1]),
+            None,
+            torch.ones(2),
+            None,
+            seed,
+            draft_proposal="sampled",
+            draft_probs_full=q,
+        )
         verdicts.append(first.tolist())
     assert verdicts == [[1, 0], [1, 0], [1, 0], [1, 1]]
 
@@ -165,15 +182,25 @@ def test_draws_at_the_ends_of_the_unit_interval(code_path, vocab):
     for numerator, edge in ((0, 0), (2**53 - 1, 1)):
         key = int64_bits(mixer.key_for_uniform(numerator, mixer.STREAM_TARGET))
         got = sv.sample(
-            torch.as_tensor(logits), torch.ones(rows), torch.as_tensor(top_k), torch.ones(rows),
-            torch.full((rows,), key), token_bitmask=sv.pack_bitmask(torch.as_tensor(allowed)),
-        )  # fmt: skip
+            torch.as_tensor(logits),
+            torch.ones(rows),
+            torch.as_tensor(top_k),
+            torch.ones(rows),
+            torch.full((rows,), key),
+            token_bitmask=sv.pack_bitmask(torch.as_tensor(allowed)),
+        )
         assert got.tolist() == [_support_edges(law.probs)[edge] for law in laws]
         _, recovered, bonus = sv.stochastic_acceptance_sampler(
-            torch.full((rows, 1), -1), torch.as_tensor(logits)[:, None].expand(rows, 2, vocab), torch.ones(rows),
-            torch.as_tensor(top_k), None, torch.ones(rows), None, torch.tensor([key, int64_bits(key - 1)] * 2),
+            torch.full((rows, 1), -1),
+            torch.as_tensor(logits)[:, None].expand(rows, 2, vocab),
+            torch.ones(rows),
+            torch.as_tensor(top_k),
+            None,
+            torch.ones(rows),
+            None,
+            torch.tensor([key, int64_bits(key - 1)] * 2),
             token_bitmasks=sv.pack_bitmask(torch.as_tensor(allowed))[:, None].expand(rows, 2, -1),
-        )  # fmt: skip
+        )
         drawn = [int(recovered[n, 0]) if n % 2 == 0 else int(bonus[n, 0]) for n in range(rows)]
         assert drawn == got.tolist()
 
@@ -190,7 +217,15 @@ def test_residual_draw_at_u_zero(code_path):
     key = int64_bits(mixer.key_for_uniform(0, mixer.STREAM_RESIDUAL))
     assert mixer.keyed_uniform(key, mixer.STREAM_ACCEPT) * q[0, 0, 40] >= law.probs[40]  # rejected
     _, recovered, _ = sv.stochastic_acceptance_sampler(
-        torch.tensor([[40]]), torch.as_tensor(logits), torch.ones(1), torch.tensor([-1]), None, torch.ones(1), None,
-        torch.tensor([key]), draft_proposal="sampled", draft_probs_full=torch.as_tensor(q, dtype=torch.float32),
-    )  # fmt: skip
+        torch.tensor([[40]]),
+        torch.as_tensor(logits),
+        torch.ones(1),
+        torch.tensor([-1]),
+        None,
+        torch.ones(1),
+        None,
+        torch.tensor([key]),
+        draft_proposal="sampled",
+        draft_probs_full=torch.as_tensor(q, dtype=torch.float32),
+    )
     assert int(recovered[0, 0]) == _support_edges(residual)[0] == 10

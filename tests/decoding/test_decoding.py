@@ -20,7 +20,17 @@ from specverify.decoding import (
 from specverify.decoding.drafting.base import pad_rows
 from specverify.decoding.drafting.ngram import SuffixIndex, lookup_continuation
 from specverify.decoding.params import base_seeds, row_params
-from tests.support.models import PROMPTS, ROW_PARAMS, SEEDS, VOCAB, MarkovModel, RandomDrafter, fresh_logits, plain, spec
+from tests.support.models import (
+    PROMPTS,
+    ROW_PARAMS,
+    SEEDS,
+    VOCAB,
+    MarkovModel,
+    RandomDrafter,
+    fresh_logits,
+    plain,
+    spec,
+)
 from tests.support.seeds import ROW_STRIDE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -279,7 +289,9 @@ def test_a_row_s_suffix_index_follows_its_context_as_it_grows_and_when_it_change
         kind = int(torch.randint(0, 10, (), generator=generator))
         for row in rows:
             if kind < 7:  # decoding: a few tokens appended
-                row += torch.randint(0, 3, (int(torch.randint(1, 4, (), generator=generator)),), generator=generator).tolist()
+                row += torch.randint(
+                    0, 3, (int(torch.randint(1, 4, (), generator=generator)),), generator=generator
+                ).tolist()
             elif kind == 7 and len(row) > 2:  # rolled back
                 del row[len(row) // 2 :]
             elif kind == 8:  # an earlier token replaced: same length, other content
@@ -300,8 +312,10 @@ def test_a_row_s_suffix_index_follows_its_context_as_it_grows_and_when_it_change
 def test_ngram_evidence_is_the_match_length_and_zero_exactly_when_nothing_is_proposed():
     generator = torch.Generator().manual_seed(1)
     for trial in range(200):
-        contexts = [torch.randint(0, 4, (int(torch.randint(1, 30, (), generator=generator)),), generator=generator).tolist()
-                    for _ in range(3)]
+        contexts = [
+            torch.randint(0, 4, (int(torch.randint(1, 30, (), generator=generator)),), generator=generator).tolist()
+            for _ in range(3)
+        ]
         drafter = NgramDrafter(max_ngram=int(torch.randint(1, 9, (), generator=generator)))
         evidence = drafter.evidence(contexts)
         assert evidence == [reference_match_length(c, drafter.max_ngram, 1) for c in contexts], (trial, contexts)

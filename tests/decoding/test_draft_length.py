@@ -217,10 +217,16 @@ def test_calibration_keeps_each_width_s_fastest_time_once_another_agrees(monkeyp
     clock = [0.0]
     durations = [
         9.0,  # untimed widest pass
-        1.0, 5.0, 2.0,  # sweep 1: widths 1, 2, 3 (the clock adds up: compare approximately)
-        1.05, 3.0, 9.0,  # sweep 2: width 1 agrees; width 2 (3.0 against 5.0) and 3 (2.0 against 9.0) do not
+        1.0,
+        5.0,
+        2.0,  # sweep 1: widths 1, 2, 3 (the clock adds up: compare approximately)
+        1.05,
+        3.0,
+        9.0,  # sweep 2: width 1 agrees; width 2 (3.0 against 5.0) and 3 (2.0 against 9.0) do not
         2.9,  # width 2 again: 2.9 and 3.0 agree
-        4.0, 8.0, 7.0,  # width 3 again and again: never agrees, stops at 5 times
+        4.0,
+        8.0,
+        7.0,  # width 3 again and again: never agrees, stops at 5 times
     ]
 
     class ClockSession:
@@ -292,14 +298,16 @@ def test_calibration_is_stored_in_the_model_cache_folder_and_read_back(target, t
     costs, passes = _begin(CountingModel(target, tmp_path))
     assert passes >= 9  # one untimed pass at the widest width, then widths 1..4 twice (and where they disagree, more)
     files = list(tmp_path.glob("draft-costs*.json"))
-    assert len(files) == 1 and f"threads{torch.get_num_threads()}" in files[0].name and "batch2-widths4" in files[0].name
+    assert (
+        len(files) == 1 and f"threads{torch.get_num_threads()}" in files[0].name and "batch2-widths4" in files[0].name
+    )
     again, passes = _begin(CountingModel(target, tmp_path))  # another process's model object: no pass at all
     assert passes == 0 and again == costs
     _, passes = _begin(CountingModel(target, tmp_path), max_k=2)  # other widths: another file
     assert passes >= 7 and len(list(tmp_path.glob("draft-costs*.json"))) == 2
 
 
-@pytest.mark.parametrize("content", ["not json", "[1.0, 2.0]", '[1.0, 2.0, -3.0, 4.0]', '{"a": 1}', "[1, 2, true, 4]"])
+@pytest.mark.parametrize("content", ["not json", "[1.0, 2.0]", "[1.0, 2.0, -3.0, 4.0]", '{"a": 1}', "[1, 2, true, 4]"])
 def test_a_damaged_calibration_file_is_measured_again(target, tmp_path, content):
     _, passes = _begin(CountingModel(target, tmp_path))
     (path,) = tmp_path.glob("draft-costs*.json")

@@ -22,8 +22,8 @@ from specverify.decoding import (
     plain_generate,
     speculative_generate,
 )
-from specverify.decoding.loop import chain
 from specverify.decoding.constraints.grammar import GrammarDeadEnd, GrammarMatchers
+from specverify.decoding.loop import chain
 from tests.support.models import ROW_PARAMS, SEEDS
 from tests.support.tiny_json import EOS, MODEL_VOCAB, allowed_after, tiny_llama, tiny_tokenizer
 
@@ -279,7 +279,7 @@ def test_a_grammar_for_another_vocabulary_is_refused(schema_grammar):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda c: c.regex("a(b"), r'invalid regex: .*regex parse error: unclosed group$'),
+        (lambda c: c.regex("a(b"), r"invalid regex: .*regex parse error: unclosed group$"),
         (lambda c: c.json_schema({"type": "foo"}), "invalid json schema: Invalid type: foo"),
         (lambda c: c.json_schema('{"type": '), "invalid json schema: "),
         (lambda c: c.choices([]), "choices must be a non-empty list of non-empty strings"),

@@ -7,10 +7,16 @@ import json
 
 import pytest
 
-from specverify.decoding import GrammarCompiler, ModelDrafter, NgramDrafter, SamplingParams
-from specverify.decoding import plain_generate, speculative_generate
-from specverify.decoding.examples import EXAMPLES
+from specverify.decoding import (
+    GrammarCompiler,
+    ModelDrafter,
+    NgramDrafter,
+    SamplingParams,
+    plain_generate,
+    speculative_generate,
+)
 from specverify.decoding.constraints.schema import read_schema, schema_violation
+from specverify.decoding.examples import EXAMPLES
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from specverify.decoding import ModelDrafter, SamplingParams, plain_generate, speculative_generate
+from specverify.decoding import ModelDrafter, plain_generate, speculative_generate
 from specverify.decoding.drafting import draft_length
 from specverify.decoding.drafting.draft_length import AdaptiveDraftLength
 from specverify.decoding.engines import loading, model_cache
@@ -68,8 +68,10 @@ def one_at_a_time(model, tokens: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("weights", ["q4", "f16"])
 def test_a_multi_token_evaluation_scores_every_position_as_one_token_evaluations(request, weights, prompt):
-    model = request.getfixturevalue("q4") if weights == "q4" else llamacpp.LlamaCppModel(
-        request.getfixturevalue("f16_file"), context_length=CONTEXT
+    model = (
+        request.getfixturevalue("q4")
+        if weights == "q4"
+        else llamacpp.LlamaCppModel(request.getfixturevalue("f16_file"), context_length=CONTEXT)
     )
     tolerance = Q4_TOLERANCE if weights == "q4" else F16_TOLERANCE
     batched = model.session(1).extend(torch.tensor([prompt]))[0]
@@ -138,7 +140,9 @@ def test_bad_session_input_is_refused_naming_the_argument(q4):
         session.extend(torch.tensor([[q4.vocab_size]]))
     with pytest.raises(ValueError, match=r"tokens must have B = 1 rows \(got 2\)"):
         session.extend(torch.tensor([[1], [2]]))
-    with pytest.raises(ValueError, match=r"lengths must be in \[0, current length\] \(got 4 at row 0, current length 3\)"):
+    with pytest.raises(
+        ValueError, match=r"lengths must be in \[0, current length\] \(got 4 at row 0, current length 3\)"
+    ):
         session.truncate(torch.tensor([4]))
     assert session.lengths.tolist() == [3]  # nothing was appended or cut by the refused calls
     with pytest.raises(ValueError, match=r"batch_size must be an int >= 1 \(got 0\)"):
@@ -208,8 +212,17 @@ def test_calibration_is_kept_per_llama_cpp_threads_in_the_weights_cache_folder(g
     begin(2)  # llama.cpp's threads change its costs: measured and kept beside
     assert measured == [3, 3] and len(list(folder.glob("draft-costs*.json"))) == 2
     begin(1, f16=True)  # other weights: their own folder
-    assert measured == [3, 3, 3] and len(list(model_cache.entry_folder(
-        gguf, llamacpp.llama_cpp.__version__, model_cache.LLAMACPP_F16).glob("draft-costs*.json"))) == 1
+    assert (
+        measured == [3, 3, 3]
+        and len(
+            list(
+                model_cache.entry_folder(gguf, llamacpp.llama_cpp.__version__, model_cache.LLAMACPP_F16).glob(
+                    "draft-costs*.json"
+                )
+            )
+        )
+        == 1
+    )
     begin(1, use_cache=False)  # no cache folder: measured in the process
     assert measured == [3, 3, 3, 3]
 
@@ -259,8 +272,19 @@ def test_generate_on_llamacpp_gives_its_threads_to_llama_cpp(capsys, gguf, monke
     monkeypatch.setitem(loading.ENGINES, "llamacpp", spy)
     monkeypatch.setattr(torch, "set_num_threads", torch_threads.append)
     code, out, err = run(
-        capsys, "generate", "Say hi.", "--engine", "llamacpp", "--threads", "2", "--max-tokens", "4", "--json",
-        "--compare", "-k", "2",
+        capsys,
+        "generate",
+        "Say hi.",
+        "--engine",
+        "llamacpp",
+        "--threads",
+        "2",
+        "--max-tokens",
+        "4",
+        "--json",
+        "--compare",
+        "-k",
+        "2",
     )
     assert code == 0, err
     assert [k["threads"] for k in loads] == [2] and torch_threads[0] == 1
@@ -292,4 +316,3 @@ def test_a_llamacpp_draft_model_that_is_the_target_is_always_accepted(gguf):
     spec = speculative_generate(loaded.model, drafter, [ids], k=3, **common)
     assert spec.tokens == plain.tokens
     assert spec.accepted == spec.drafted and sum(spec.drafted) >= 18  # greedy drafts of the same logits
-

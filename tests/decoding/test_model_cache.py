@@ -191,6 +191,8 @@ def test_each_kind_of_conversion_has_its_own_folder_and_stale_set(cache, tmp_pat
     f16 = model_cache.entry_folder(gguf, "0.3.36", model_cache.LLAMACPP_F16)
     assert f16.name == f"Tiny-Model.Q4_0-5-{digest}-F16_llamacpp0.3.36"
     assert not model_cache.is_complete(f16, model_cache.LLAMACPP_F16)
-    model_cache.write_entry(f16, lambda partial: (partial / "model.F16.gguf").write_bytes(b"GGUF"), model_cache.LLAMACPP_F16)
+    model_cache.write_entry(
+        f16, lambda partial: (partial / "model.F16.gguf").write_bytes(b"GGUF"), model_cache.LLAMACPP_F16
+    )
     assert model_cache.is_complete(f16, model_cache.LLAMACPP_F16) and not model_cache.is_complete(f16)
     assert sorted(cache.iterdir()) == sorted([transformers, tokenizer, f16])  # only the old tokenizer went

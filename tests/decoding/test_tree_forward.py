@@ -76,7 +76,9 @@ def test_every_node_scores_as_a_plain_forward_of_its_path(target):
         for node, token in enumerate(TOKENS[b]):
             if token != -1:
                 path = prefix + node_path(TOKENS[b], PARENTS[b], node)
-                torch.testing.assert_close(logits[b, node + 1], fresh_logits(target, path)[-1], rtol=0, atol=atol(target))
+                torch.testing.assert_close(
+                    logits[b, node + 1], fresh_logits(target, path)[-1], rtol=0, atol=atol(target)
+                )
 
 
 def test_kept_path_leaves_the_cache_of_the_committed_context(target):
@@ -84,9 +86,7 @@ def test_kept_path_leaves_the_cache_of_the_committed_context(target):
     session.extend_tree(torch.tensor(ROOTS), torch.tensor(TOKENS), torch.tensor(PARENTS))
     path = torch.tensor([[0, 3, 5, -1, -1, -1, -1, -1], [0, 3, 4, 5, -1, -1, -1, -1], [-1] * 8])
     session.keep_path(path, torch.tensor([3, 4, 0]))
-    committed = [
-        CONTEXTS[b] + ROOTS[b] + [TOKENS[b][i] for i in path[b].tolist() if i != -1] for b in range(3)
-    ]
+    committed = [CONTEXTS[b] + ROOTS[b] + [TOKENS[b][i] for i in path[b].tolist() if i != -1] for b in range(3)]
     assert session.lengths.tolist() == [len(c) for c in committed]
     nexts = [[4, 4, 20], [], [33, 1]]  # ragged, one row idle
     after = session.extend(pad_rows(nexts))
@@ -109,9 +109,7 @@ def test_one_row_compacts_exactly_over_sampler_verdicts(target):
         if step == 0:
             for index, token in ((0, 41), (2, 43), (4, 44)):
                 logits[0, index, token] = 1e3
-        path, length, next_token = specverify.tree_acceptance_sampler(
-            tokens, parents, logits, 0.0, -1, 1.0, 0
-        )
+        path, length, next_token = specverify.tree_acceptance_sampler(tokens, parents, logits, 0.0, -1, 1.0, 0)
         session.keep_path(path, length)
         accepted = [int(tokens[0, i]) for i in path[0, : int(length)]]
         assert step > 0 or accepted == [41, 43, 44]
@@ -164,17 +162,35 @@ def test_bad_trees_and_paths_name_themselves(target):
 # Trees whose values break SPEC §8, each beside the tree the verifier's validate=False walk reads (the bad
 # node and its subtree as padding), and the rule tree_acceptance_sampler names under validate=True.
 BAD_TREES = [
-    ([[7, 8, 9], [10, 11, -1]], [[-1, 1, 0], [-1, 0, 0]], [[7, -1, -1], [10, 11, -1]], "parents must be -1 .* at row 0, node 1"),
-    ([[7, -1, 9], [10, 11, -1]], [[-1, 0, 1], [-1, 0, 0]], [[7, -1, -1], [10, 11, -1]], "a present node .* row 0, node 2"),
-    ([[7, VOCAB, 9], [10, 11, 12]], [[-1, 0, 0], [-1, 0, 1]], [[7, -1, 9], [10, 11, 12]], rf"draft_tokens must be in \[-1, {VOCAB}\) .* row 0, node 1"),
+    (
+        [[7, 8, 9], [10, 11, -1]],
+        [[-1, 1, 0], [-1, 0, 0]],
+        [[7, -1, -1], [10, 11, -1]],
+        "parents must be -1 .* at row 0, node 1",
+    ),
+    (
+        [[7, -1, 9], [10, 11, -1]],
+        [[-1, 0, 1], [-1, 0, 0]],
+        [[7, -1, -1], [10, 11, -1]],
+        "a present node .* row 0, node 2",
+    ),
+    (
+        [[7, VOCAB, 9], [10, 11, 12]],
+        [[-1, 0, 0], [-1, 0, 1]],
+        [[7, -1, 9], [10, 11, 12]],
+        rf"draft_tokens must be in \[-1, {VOCAB}\) .* row 0, node 1",
+    ),
 ]
 
 
 @pytest.mark.parametrize("tokens, parents, read_as, rule", BAD_TREES)
-def test_a_bad_tree_is_scored_as_the_verifier_reads_it_and_refused_by_the_verifier(target, tokens, parents, read_as, rule):
+def test_a_bad_tree_is_scored_as_the_verifier_reads_it_and_refused_by_the_verifier(
+    target, tokens, parents, read_as, rule
+):
     """extend_tree leaves the values to the verifier (one check per step, no host reads in the forward):
     a node the walk cannot reach is scored as padding, so the reachable nodes' logits are those of the tree
     without it; the verifier with validate=True refuses the tree by name."""
+
     def scores(t, p):
         session = target.session(2)
         session.extend(torch.tensor([[1, 2], [3, 4]]), return_logits=False)

@@ -18,9 +18,9 @@ from specverify.decoding import (
     TreeDraft,
     tree_generate,
 )
-from specverify.decoding.params import row_params
 from specverify.decoding.drafting.tree import continuation_trie
 from specverify.decoding.loop.tree import fit_tree
+from specverify.decoding.params import row_params
 from tests.support.models import PROMPTS, ROW_PARAMS, SEEDS, VOCAB, MarkovModel, MarkovSession, fresh_logits, plain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -77,7 +77,12 @@ class MarkovTreeSession(MarkovSession):
 def test_tree_steps_give_plain_decodings_tokens(target, draft_model, nodes):
     """Greedy, top-p and top-k/min-p rows, ragged prompts and seeds near 2**64: every drafter, every size."""
     expected = plain(target).tokens
-    for drafter in (NgramTrieDrafter(), ModelTreeDrafter(draft_model, 3), ModelTreeDrafter(target, 2), RandomTreeDrafter(nodes)):
+    for drafter in (
+        NgramTrieDrafter(),
+        ModelTreeDrafter(draft_model, 3),
+        ModelTreeDrafter(target, 2),
+        RandomTreeDrafter(nodes),
+    ):
         assert tree(target, drafter, nodes=nodes).tokens == expected, type(drafter).__name__
 
 
@@ -89,8 +94,15 @@ def test_thinking_regions_end_a_commit_at_their_boundary(target):
     prompts = [[7, 9, 10, 8, 9, 10, 7, 9, 10, 8, 9, 10, 7, 9]]
     expected = plain(target, prompts=prompts, params=[SamplingParams()], seed=[0], thinking=regions).tokens
     events = []
-    result = tree(target, ModelTreeDrafter(target, 2), prompts=prompts, params=[SamplingParams()], seed=[0],
-                  thinking=regions, on_step=events.append)  # fmt: skip
+    result = tree(
+        target,
+        ModelTreeDrafter(target, 2),
+        prompts=prompts,
+        params=[SamplingParams()],
+        seed=[0],
+        thinking=regions,
+        on_step=events.append,
+    )
     assert result.tokens == expected
     assert all(t not in (43, 21) for e in events for t in e.tokens[:-1])
     assert sum(e.tokens[-1] in (43, 21) for e in events) >= 3
@@ -108,9 +120,15 @@ def test_identical_whatever_the_batch_and_the_budgets(target, draft_model):
     together = tree(target, ModelTreeDrafter(draft_model, 2), max_tokens=[5, 20, 9], stop_tokens=[3])
     for b, prompt in enumerate(PROMPTS):
         alone = tree_generate(
-            target, ModelTreeDrafter(draft_model, 2), [prompt], ROW_PARAMS[b], seed=[SEEDS[b]],
-            max_tokens=[5, 20, 9][b], stop_tokens=[3], nodes=8,
-        )  # fmt: skip
+            target,
+            ModelTreeDrafter(draft_model, 2),
+            [prompt],
+            ROW_PARAMS[b],
+            seed=[SEEDS[b]],
+            max_tokens=[5, 20, 9][b],
+            stop_tokens=[3],
+            nodes=8,
+        )
         assert alone.tokens[0] == together.tokens[b]
         assert len(alone.tokens[0]) <= [5, 20, 9][b]
         assert 3 not in alone.tokens[0][:-1]
@@ -189,7 +207,9 @@ def draws_of_root_children(drafter, logits_row: torch.Tensor, rows: int, tempera
     draft = drafter.propose_tree(contexts, 2, [1] * rows, params=params, seeds=torch.arange(rows), sampled=True)
     assert draft.tokens.shape == (rows, 2) and (draft.parents == -1).all()
     torch.testing.assert_close(draft.probs[:, 0], draft.probs[:, 1])  # siblings share q
-    torch.testing.assert_close(draft.probs[0, 0].double(), (logits_row.double() / temperature).softmax(-1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        draft.probs[0, 0].double(), (logits_row.double() / temperature).softmax(-1), rtol=0, atol=1e-6
+    )
     return draft.tokens
 
 
@@ -226,9 +246,15 @@ class LyingTreeDrafter:
 
 def three_token_counts(target_model, drafter, rows: int) -> torch.Tensor:
     result = tree_generate(
-        target_model, drafter, [[0]] * rows, SamplingParams(temperature=1.0), seed=11, max_tokens=3, nodes=6,
+        target_model,
+        drafter,
+        [[0]] * rows,
+        SamplingParams(temperature=1.0),
+        seed=11,
+        max_tokens=3,
+        nodes=6,
         draft_proposal="sampled",
-    )  # fmt: skip
+    )
     triples = torch.tensor(result.tokens)
     vocab = target_model.vocab_size
     return torch.bincount((triples[:, 0] * vocab + triples[:, 1]) * vocab + triples[:, 2], minlength=vocab**3).double()
@@ -280,7 +306,9 @@ def test_drafted_trees_are_valid_and_within_their_budgets(target, draft_model, k
     params = row_params(ROW_PARAMS, len(contexts))
     sampled = kind == "model-sampled"
     for nodes, depths in ((8, [3, 0, 8]), (5, [1, 2, 5]), (16, [16, 16, 16])):
-        draft = drafter.propose_tree(contexts, nodes, depths, params=params, seeds=torch.tensor(SEEDS[:1] * 3), sampled=sampled)
+        draft = drafter.propose_tree(
+            contexts, nodes, depths, params=params, seeds=torch.tensor(SEEDS[:1] * 3), sampled=sampled
+        )
         assert draft.tokens.dtype == draft.parents.dtype == torch.int64
         assert draft.tokens.shape == draft.parents.shape and draft.tokens.shape[1] <= nodes
         assert (draft.probs is not None) == sampled
@@ -332,5 +360,8 @@ def test_bad_arguments_name_themselves(target, draft_model):
     with pytest.raises(ValueError, match="branching must be an int >= 1"):
         ModelTreeDrafter(draft_model, 0)
     with pytest.raises(ValueError, match="parents must be -1 .* at row 0, node 0"):
-        bad = lambda contexts, nodes, depths, **_: TreeDraft(torch.tensor([[1]] * 3), torch.tensor([[0]] * 3))  # noqa: E731
+
+        def bad(contexts, nodes, depths, **_):
+            return TreeDraft(torch.tensor([[1]] * 3), torch.tensor([[0]] * 3))
+
         tree(target, type("Bad", (), {"propose_tree": staticmethod(bad)})())

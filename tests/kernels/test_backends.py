@@ -21,8 +21,14 @@ def _call():
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(3 * 4, 300, generator=g)
     return sv.stochastic_acceptance_sampler(
-        torch.randint(0, 300, (3, 3), generator=g), logits, torch.tensor([0.7, 1.0, 0.0]), torch.tensor([20, -1, -1]),
-        None, torch.tensor([0.9, 1.0, 1.0]), None, torch.tensor([1, 2, 3]),
+        torch.randint(0, 300, (3, 3), generator=g),
+        logits,
+        torch.tensor([0.7, 1.0, 0.0]),
+        torch.tensor([20, -1, -1]),
+        None,
+        torch.tensor([0.9, 1.0, 1.0]),
+        None,
+        torch.tensor([1, 2, 3]),
     )
 
 
@@ -45,16 +51,28 @@ def test_the_environment_forces_a_backend_for_every_op(monkeypatch):
 
 @pytest.mark.parametrize("value", ["cuda", "Torch", "c"])
 def test_an_unknown_backend_is_a_clear_error(value):
-    with backend_path(value), pytest.raises(ValueError, match=f"SPECVERIFY_BACKEND must be one of torch, native, triton \\(got '{value}'\\)"):
+    with (
+        backend_path(value),
+        pytest.raises(ValueError, match=f"SPECVERIFY_BACKEND must be one of torch, native, triton \\(got '{value}'\\)"),
+    ):
         _call()
 
 
 def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(native, "load", lambda: None)
     monkeypatch.setattr(native, "unavailable_because", "no C compiler found (neither $CC, cc nor gcc)")
-    with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native, but the compiled CPU kernels are unavailable: no C compiler found"):
+    with (
+        backend_path("native"),
+        pytest.raises(
+            RuntimeError,
+            match="SPECVERIFY_BACKEND=native, but the compiled CPU kernels are unavailable: no C compiler found",
+        ),
+    ):
         _call()
-    with backend_path("native"), pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native runs on CPU tensors only"):
+    with (
+        backend_path("native"),
+        pytest.raises(RuntimeError, match="SPECVERIFY_BACKEND=native runs on CPU tensors only"),
+    ):
         kernels.backend_for(torch.zeros(1, device="meta"))
 
 
@@ -102,7 +120,9 @@ def test_no_c_compiler_warns_once_naming_the_cause_and_the_fix(monkeypatch, tmp_
     assert library is None and again is None
     assert len(caught) == 1, [str(w.message) for w in caught]
     message = str(caught[0].message)
-    assert "no C compiler found" in message and "install a C compiler" in message and "SPECVERIFY_BACKEND=torch" in message
+    assert (
+        "no C compiler found" in message and "install a C compiler" in message and "SPECVERIFY_BACKEND=torch" in message
+    )
     assert native.unavailable_because.startswith("no C compiler found")
 
 
@@ -129,10 +149,15 @@ def test_the_torch_backend_never_builds_and_never_warns(monkeypatch, tmp_path):
         native.load.cache_clear()
 
 
-@pytest.mark.parametrize("name", ["torch"] + (["native"] if native_available() else []) + (["triton"] if triton_available() else []))
+@pytest.mark.parametrize(
+    "name", ["torch"] + (["native"] if native_available() else []) + (["triton"] if triton_available() else [])
+)
 def test_bench_says_which_backend_ran(name, capsys):
     with backend_path(name):
-        assert main(["bench", "--batch", "2", "--drafts", "1", "--vocab", "64", "--repeats", "1", "--modes", "greedy"]) == 0
+        assert (
+            main(["bench", "--batch", "2", "--drafts", "1", "--vocab", "64", "--repeats", "1", "--modes", "greedy"])
+            == 0
+        )
     lines = capsys.readouterr().out.strip().splitlines()
     config = json.loads(lines[-1])["config"]
     assert config["backend"] == name and config["kernels"].startswith(name)
@@ -152,9 +177,15 @@ def test_every_backend_keeps_the_output_invariants(each_backend):
     committed tokens are checked against `sample` on the same backend)."""
     g = torch.Generator().manual_seed(9)
     args = dict(
-        draft_tokens=torch.tensor([[3, -1, 7], [1, 2, 3], [0, 5, 9]]), target_logits=torch.randn(3, 4, 100, generator=g),
-        temperature=torch.tensor([0.8, 0.0, 1.1]), top_k=torch.tensor([10, -1, -1]), max_k=None, top_p=torch.tensor([0.9, 1.0, 0.7]),
-        min_top_p=None, seed=torch.tensor([5, 6, 7]), token_bitmasks=sv.pack_bitmask(torch.rand(3, 4, 100, generator=g) < 0.8),
+        draft_tokens=torch.tensor([[3, -1, 7], [1, 2, 3], [0, 5, 9]]),
+        target_logits=torch.randn(3, 4, 100, generator=g),
+        temperature=torch.tensor([0.8, 0.0, 1.1]),
+        top_k=torch.tensor([10, -1, -1]),
+        max_k=None,
+        top_p=torch.tensor([0.9, 1.0, 0.7]),
+        min_top_p=None,
+        seed=torch.tensor([5, 6, 7]),
+        token_bitmasks=sv.pack_bitmask(torch.rand(3, 4, 100, generator=g) < 0.8),
     )
     check_output_invariants(args, sv.stochastic_acceptance_sampler(**args))
 
@@ -167,8 +198,12 @@ def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(7, 300, generator=g)
     source = torch.tensor([4, -1, 0, 6, 4, -1])
-    params = dict(temperature=torch.tensor([0.8, 1.0, 0.0, 1.2, 0.5, 1.0]), top_k=torch.tensor([10, -1, -1, 0, 3, 5]),
-                  top_p=torch.tensor([0.9, 1.0, 1.0, 0.7, 1.0, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.0]))  # fmt: skip
+    params = dict(
+        temperature=torch.tensor([0.8, 1.0, 0.0, 1.2, 0.5, 1.0]),
+        top_k=torch.tensor([10, -1, -1, 0, 3, 5]),
+        top_p=torch.tensor([0.9, 1.0, 1.0, 0.7, 1.0, 0.5]),
+        min_p=torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.0]),
+    )
     weights, sums = (t.clone() for t in truncated_weights(logits, **params, source=source))
     kept = source >= 0
     gathered = {name: value[kept] for name, value in params.items()}
@@ -195,7 +230,9 @@ def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_b
     values[6, 3] = float("inf")
     values[7, 1:] = float("-inf")
     x = values.double()
-    expected = (torch.isnan(x) | (x == float("inf"))).any(-1).to(torch.uint8) | (2 * (x != float("-inf")).any(-1).to(torch.uint8))
+    expected = (torch.isnan(x) | (x == float("inf"))).any(-1).to(torch.uint8) | (
+        2 * (x != float("-inf")).any(-1).to(torch.uint8)
+    )
     assert torch.equal(kernels.scan_rows(values), expected)
     in_use = torch.arange(9) % 2 == 0
     assert torch.equal(kernels.scan_rows(values, in_use), torch.where(in_use, expected, 0))

@@ -31,7 +31,10 @@ from tests.support.invariants import check_output_invariants, forbid_host_reads
 from tests.support.paths import COMPILE_TRITON, ROOT, SRC
 from tests.support.recovery import DRAWS, grid_counts, random_weights, recovery_law
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install -e '.[test]') and its interpreter (no CUDA here; on a GPU run python -m specverify.check)")
+pytestmark = pytest.mark.skipif(
+    not triton_available(),
+    reason="needs triton (pip install -e '.[test]') and its interpreter (no CUDA here; on a GPU run python -m specverify.check)",
+)
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 jit = pytest.importorskip("specverify.kernels.triton.jit")
@@ -40,8 +43,13 @@ jit = pytest.importorskip("specverify.kernels.triton.jit")
 def _compile(capabilities: list[str], *flags: str, tmp_path: Path) -> str:
     environment = {**os.environ, "PYTHONPATH": str(SRC), "TRITON_CACHE_DIR": str(tmp_path / "cache")}
     environment.pop("TRITON_INTERPRET", None)
-    result = subprocess.run([sys.executable, str(COMPILE_TRITON), *capabilities, *flags], capture_output=True, text=True,
-                            env=environment, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, str(COMPILE_TRITON), *capabilities, *flags],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result.stdout
 
@@ -53,7 +61,10 @@ def test_every_kernel_compiles_for_sm90_and_sm80(tmp_path):
     output = _compile(["90", "80"], "--representative", tmp_path=tmp_path)
     for kernel in ("weigh", "argmax", "scan", "relaxed", "draw", "verify"):
         for capability in ("90", "80"):
-            assert any(line.startswith(f"compiled {kernel} ") and line.endswith(f"sm_{capability}") for line in output.splitlines()), kernel
+            assert any(
+                line.startswith(f"compiled {kernel} ") and line.endswith(f"sm_{capability}")
+                for line in output.splitlines()
+            ), kernel
 
 
 @pytest.mark.slow
@@ -72,7 +83,9 @@ def _uniforms(key_ptr, out_ptr, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
 
 def test_in_kernel_uniforms_are_bit_identical_to_rng():
     edge = [0, 1, -1, 2**63 - 1, -(2**63), 0x9E3779B97F4A7C15 - 2**64]
-    keys = torch.tensor(edge + torch.randint(-(2**63), 2**63 - 1, (1000,), generator=torch.Generator().manual_seed(1)).tolist())
+    keys = torch.tensor(
+        edge + torch.randint(-(2**63), 2**63 - 1, (1000,), generator=torch.Generator().manual_seed(1)).tolist()
+    )
     for stream in (0, 1, 2, 7):
         out = torch.empty(len(keys), dtype=torch.float64)
         _uniforms[(1,)](keys, out, len(keys), STREAM=stream, BLOCK=1024 * 2)
@@ -90,8 +103,10 @@ def _truncation_grid(vocab: int, ties: bool, dtype: torch.dtype, seed: int):
     return logits.to(dtype), temperature.float(), top_k.long(), top_p.float(), min_p.float(), sv.pack_bitmask(allowed)
 
 
-@pytest.mark.parametrize("vocab, ties, dtype", [(40, True, torch.float32), (300, True, torch.float32), (300, False, torch.bfloat16),
-                                                (3000, True, torch.float16)])
+@pytest.mark.parametrize(
+    "vocab, ties, dtype",
+    [(40, True, torch.float32), (300, True, torch.float32), (300, False, torch.bfloat16), (3000, True, torch.float16)],
+)
 def test_kept_sets_equal_the_torch_reference_and_the_float64_law(vocab, ties, dtype):
     """Ties at the top-k / top-p boundaries (rounded logits), masks, min-p, 16-bit inputs, the radix
     search above V = 64: the same kept set as the torch path, and probabilities within float32 rounding of
@@ -106,8 +121,14 @@ def test_kept_sets_equal_the_torch_reference_and_the_float64_law(vocab, ties, dt
     allowed = sv.unpack_bitmask(bitmask, vocab).numpy()
     exact_logits = logits.float().double().numpy()
     for row in range(0, len(logits), 7):
-        law = truncated_distribution(exact_logits[row], float(temperature[row]), int(top_k[row]), float(top_p[row]),
-                                     float(min_p[row]), allowed[row])
+        law = truncated_distribution(
+            exact_logits[row],
+            float(temperature[row]),
+            int(top_k[row]),
+            float(top_p[row]),
+            float(min_p[row]),
+            allowed[row],
+        )
         assert np.array_equal(got[row].numpy() > 0, law > 0), row
         assert np.allclose(got[row].double().numpy(), law, rtol=1e-4, atol=2e-6), row
 
@@ -131,8 +152,13 @@ def test_per_op_kernels_match_the_torch_reference():
         relaxed = relaxed_verdict(draft, logits, 3, 0.2)
     with backend_path("torch"):
         assert all(torch.equal(a, b) for a, b in zip(relaxed, relaxed_verdict(draft, logits, 3, 0.2)))
-    sample = (torch.randn(64, 2500, generator=g) * 3, torch.rand(64, generator=g) + 0.3, torch.tensor([-1, 5, 60, 900] * 16),
-              torch.tensor([1.0, 0.9, 0.5, 0.99] * 16), torch.arange(64))
+    sample = (
+        torch.randn(64, 2500, generator=g) * 3,
+        torch.rand(64, generator=g) + 0.3,
+        torch.tensor([-1, 5, 60, 900] * 16),
+        torch.tensor([1.0, 0.9, 0.5, 0.99] * 16),
+        torch.arange(64),
+    )
     with backend_path("triton"):
         drawn = sv.sample(*sample)
     with backend_path("torch"):
@@ -155,14 +181,19 @@ def test_recovery_draws_follow_their_float64_laws():
 
 
 def _parity_cases():
-    cases = [case for case in parity_cases(quick=True, include_flat_256k=False)
-             if case.name in ("argmax V=1000", "argmax V=50 fp16", "sampled V=64", "relaxed V=300")
-             or case.name.startswith("on-boundary")]
+    cases = [
+        case
+        for case in parity_cases(quick=True, include_flat_256k=False)
+        if case.name in ("argmax V=1000", "argmax V=50 fp16", "sampled V=64", "relaxed V=300")
+        or case.name.startswith("on-boundary")
+    ]
     for case in cases:  # <= 64 rows x positions each
         batch, positions = case.args["draft_tokens"].shape
         keep = max(1, 64 // (positions + 1))
-        case.args = {name: value[:keep] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch else value
-                     for name, value in case.args.items()}
+        case.args = {
+            name: value[:keep] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch else value
+            for name, value in case.args.items()
+        }
     return cases
 
 
@@ -190,8 +221,22 @@ def test_the_statistical_test_suite_passes_through_triton():
     """tests/core/test_statistics.py (every float64-law test of the verifier, with its power checks), run
     whole with SPECVERIFY_BACKEND=triton."""
     environment = {**os.environ, "PYTHONPATH": str(SRC), "SPECVERIFY_BACKEND": "triton", "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "core" / "test_statistics.py")],
-                            capture_output=True, text=True, env=environment, cwd=ROOT, timeout=1800)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "core" / "test_statistics.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-4000:]
 
 
@@ -200,8 +245,25 @@ def _count_launches(run) -> tuple[int, list[str]]:
     (everything but views and allocations)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    free = {"empty", "empty_like", "empty_strided", "view", "_unsafe_view", "reshape", "expand", "as_strided", "alias",
-            "detach", "t", "unsqueeze", "squeeze", "select", "slice", "lift_fresh", "_to_copy_noop"}
+    free = {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "expand",
+        "as_strided",
+        "alias",
+        "detach",
+        "t",
+        "unsqueeze",
+        "squeeze",
+        "select",
+        "slice",
+        "lift_fresh",
+        "_to_copy_noop",
+    }
     seen: list[str] = []
     inside_a_kernel = []  # the interpreter's own tensor copies are not launches
 
@@ -220,6 +282,7 @@ def _count_launches(run) -> tuple[int, list[str]]:
                 return original(*args, **kwargs)
             finally:
                 inside_a_kernel.pop()
+
         return run
 
     kernels = [jit.verify_kernel, jit.weigh_kernel, jit.draw_kernel, jit.argmax_kernel, jit.relaxed_kernel]
@@ -242,13 +305,22 @@ def test_a_whole_call_is_two_launches_without_host_reads(mode):
     g = torch.Generator().manual_seed(11)
     batch, positions, vocab = 4, 3, 200
     args = dict(
-        draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g), target_logits=torch.randn(batch * (positions + 1), vocab, generator=g),
-        temperature=torch.tensor([0.7, 1.0, 0.0, 1.2]), top_k=torch.tensor([5, -1, -1, 40]), max_k=None,
-        top_p=torch.tensor([0.9, 1.0, 1.0, 0.8]), min_top_p=None, seed=torch.tensor([3, 1, 4, 1]),
-        token_bitmasks=sv.pack_bitmask(torch.rand(batch, positions + 1, vocab, generator=g) < 0.9), min_p=torch.tensor([0.0, 0.1, 0.0, 0.0]),
+        draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g),
+        target_logits=torch.randn(batch * (positions + 1), vocab, generator=g),
+        temperature=torch.tensor([0.7, 1.0, 0.0, 1.2]),
+        top_k=torch.tensor([5, -1, -1, 40]),
+        max_k=None,
+        top_p=torch.tensor([0.9, 1.0, 1.0, 0.8]),
+        min_top_p=None,
+        seed=torch.tensor([3, 1, 4, 1]),
+        token_bitmasks=sv.pack_bitmask(torch.rand(batch, positions + 1, vocab, generator=g) < 0.9),
+        min_p=torch.tensor([0.0, 0.1, 0.0, 0.0]),
     )
     if mode == "sampled":
-        args.update(draft_proposal="sampled", draft_probs_full=torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1))
+        args.update(
+            draft_proposal="sampled",
+            draft_probs_full=torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1),
+        )
     if mode == "relaxed":
         args.update(in_thinking_phase=torch.tensor([True, False, True, True]), relaxed_topk=3, relaxed_delta=0.3)
     with backend_path("triton"), forbid_host_reads():

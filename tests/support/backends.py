@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ def triton_available() -> bool:
     (TRITON_INTERPRET=1, set by tests/conftest.py where there is no CUDA device; on a GPU machine the kernels
     are checked on CUDA tensors by `python -m specverify.check` instead)."""
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401 - imported to learn whether it can be
     except ImportError:
         return False
     return os.environ.get("TRITON_INTERPRET") == "1"

@@ -19,12 +19,12 @@ import time
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-from specverify.kernels.triton import jit, launch_shape  # noqa: E402
+from specverify.kernels.triton import jit, launch_shape
 
 FLOATS = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 CUDA = torch.device("cuda")
@@ -44,42 +44,111 @@ def variants():
     big, small = _shape(160, 128256, 1024), _shape(4096, 12, 12)
     for dtype, (label, shape) in itertools.product(FLOATS, [("V=128256", big), ("V=12", small)]):
         for min_p in (False, True):
-            signature = {"x_ptr": FLOATS[dtype], "t_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32", "mp_ptr": "*fp32",
-                         "out_ptr": "*fp32", "sums_ptr": "*fp64", "rows": "i32", "V": "i32", "blocks": "i32",
-                         "greedy_below": "fp32", "rtol": "fp32"}
-            constexprs = dict(HAS_MIN_P=min_p, ONE_BLOCK=label == "V=12", BLOCK=12 if label == "V=12" else 1024, **shape)
+            signature = {
+                "x_ptr": FLOATS[dtype],
+                "t_ptr": "*fp32",
+                "k_ptr": "*i64",
+                "p_ptr": "*fp32",
+                "mp_ptr": "*fp32",
+                "out_ptr": "*fp32",
+                "sums_ptr": "*fp64",
+                "rows": "i32",
+                "V": "i32",
+                "blocks": "i32",
+                "greedy_below": "fp32",
+                "rtol": "fp32",
+            }
+            constexprs = dict(
+                HAS_MIN_P=min_p, ONE_BLOCK=label == "V=12", BLOCK=12 if label == "V=12" else 1024, **shape
+            )
             yield f"weigh {dtype} {label} min_p={min_p}", jit.weigh_kernel, signature, constexprs
         signature = {"x_ptr": FLOATS[dtype], "out_ptr": "*i64", "rows": "i32", "V": "i32"}
         yield f"argmax {dtype} {label}", jit.argmax_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
         signature = {"x_ptr": FLOATS[dtype], "use_ptr": "*i8", "out_ptr": "*u8", "rows": "i32", "V": "i32"}
         yield f"scan {dtype} {label}", jit.scan_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
-        signature = {"x_ptr": FLOATS[dtype], "d_ptr": "*i64", "accepted_ptr": "*i8", "top1_ptr": "*i64", "rows": "i32",
-                     "V": "i32", "positions": "i32", "logit_positions": "i32", "k": "i32", "delta": "fp32"}
-        yield f"relaxed {dtype} {label}", jit.relaxed_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
+        signature = {
+            "x_ptr": FLOATS[dtype],
+            "d_ptr": "*i64",
+            "accepted_ptr": "*i8",
+            "top1_ptr": "*i64",
+            "rows": "i32",
+            "V": "i32",
+            "positions": "i32",
+            "logit_positions": "i32",
+            "k": "i32",
+            "delta": "fp32",
+        }
+        yield (
+            f"relaxed {dtype} {label}",
+            jit.relaxed_kernel,
+            signature,
+            {k: v for k, v in shape.items() if k != "SEARCH"},
+        )
         for recovery in (False, True):
-            signature = {"w_ptr": "*fp32", "u_ptr": "*fp64", "out_ptr": "*i64", "q_ptr": FLOATS[dtype] if recovery else "*fp64",
-                         "scale_ptr": "*fp32" if recovery else "*fp64", "use_q_ptr": "*i8" if recovery else "*i64",
-                         "excluded_ptr": "*i64", "weight_rows": "i32", "rows": "i32", "V": "i32", "positions": "i32"}
-            yield (f"draw {dtype} {label} recovery={recovery}", jit.draw_kernel, signature,
-                   dict(RECOVERY=recovery, **{k: v for k, v in shape.items() if k != "SEARCH"}))
+            signature = {
+                "w_ptr": "*fp32",
+                "u_ptr": "*fp64",
+                "out_ptr": "*i64",
+                "q_ptr": FLOATS[dtype] if recovery else "*fp64",
+                "scale_ptr": "*fp32" if recovery else "*fp64",
+                "use_q_ptr": "*i8" if recovery else "*i64",
+                "excluded_ptr": "*i64",
+                "weight_rows": "i32",
+                "rows": "i32",
+                "V": "i32",
+                "positions": "i32",
+            }
+            yield (
+                f"draw {dtype} {label} recovery={recovery}",
+                jit.draw_kernel,
+                signature,
+                dict(RECOVERY=recovery, **{k: v for k, v in shape.items() if k != "SEARCH"}),
+            )
         for mask, min_p, shared, relaxed, sampled in itertools.product((False, True), repeat=5):
             # every flag combination with float32 logits; the 16-bit reads with every path switched on
             if (relaxed and sampled) or (dtype != "fp32" and not (mask and min_p and (relaxed or sampled))):
                 continue
-            signature = {"x_ptr": FLOATS[dtype], "m_ptr": "*i32" if mask else FLOATS[dtype], "t_ptr": "*fp32", "k_ptr": "*i64",
-                         "p_ptr": "*fp32", "mp_ptr": "*fp32", "seed_ptr": "*i64", "d_ptr": "*i64",
-                         "think_ptr": "*i8" if relaxed else "*i64", "q_ptr": "*fp32" if sampled else FLOATS[dtype],
-                         "first_ptr": "*i64", "recovered_ptr": "*i64", "bonus_ptr": "*i64", "batch": "i32", "K": "i32",
-                         "V": "i32", "W": "i32", "greedy_below": "fp32", "rtol": "fp32", "relaxed_k": "i32",
-                         "relaxed_delta": "fp32"}
-            constexprs = dict(HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape)
-            yield f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}", jit.verify_kernel, signature, constexprs
+            signature = {
+                "x_ptr": FLOATS[dtype],
+                "m_ptr": "*i32" if mask else FLOATS[dtype],
+                "t_ptr": "*fp32",
+                "k_ptr": "*i64",
+                "p_ptr": "*fp32",
+                "mp_ptr": "*fp32",
+                "seed_ptr": "*i64",
+                "d_ptr": "*i64",
+                "think_ptr": "*i8" if relaxed else "*i64",
+                "q_ptr": "*fp32" if sampled else FLOATS[dtype],
+                "first_ptr": "*i64",
+                "recovered_ptr": "*i64",
+                "bonus_ptr": "*i64",
+                "batch": "i32",
+                "K": "i32",
+                "V": "i32",
+                "W": "i32",
+                "greedy_below": "fp32",
+                "rtol": "fp32",
+                "relaxed_k": "i32",
+                "relaxed_delta": "fp32",
+            }
+            constexprs = dict(
+                HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape
+            )
+            yield (
+                f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}",
+                jit.verify_kernel,
+                signature,
+                constexprs,
+            )
 
 
 #: Each kernel once, at the launch shape of a large vocabulary, with every code path of the whole-call
 #: kernel switched on (masks, min-p, sampled drafts; relaxed rows).
 REPRESENTATIVE = (
-    "weigh fp32 V=128256 min_p=True", "argmax bf16 V=128256", "scan bf16 V=128256", "relaxed fp32 V=128256",
+    "weigh fp32 V=128256 min_p=True",
+    "argmax bf16 V=128256",
+    "scan bf16 V=128256",
+    "relaxed fp32 V=128256",
     "draw bf16 V=128256 recovery=True",
     "verify bf16 V=128256 mask=True min_p=True shared=False relaxed=False sampled=True",
     "verify fp32 V=128256 mask=True min_p=True shared=True relaxed=True sampled=False",

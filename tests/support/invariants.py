@@ -8,7 +8,7 @@ written to (snapshots of them), outputs equal bit for bit, and no read of tensor
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -111,7 +111,11 @@ def check_output_invariants(args: dict, out) -> None:
 
     index = torch.arange(positions)
     padding = draft == -1
-    first_padding = torch.where(padding.any(-1), padding.int().argmax(-1), positions) if positions else torch.zeros(batch, dtype=torch.int64)
+    first_padding = (
+        torch.where(padding.any(-1), padding.int().argmax(-1), positions)
+        if positions
+        else torch.zeros(batch, dtype=torch.int64)
+    )
     assert (first <= first_padding).all(), "a padding position was accepted"
     before = index[None, :] < first[:, None]
     assert torch.equal(recovered[before], draft[before]), "recovered differs from the accepted draft"
@@ -137,13 +141,18 @@ def check_output_invariants(args: dict, out) -> None:
         g_committed = committed[greedy]
         assert torch.equal(g_tokens[g_committed], g_argmax[g_committed]), "a greedy row did not commit the argmax"
         g_draft = draft[greedy]
-        disagree = torch.cat([g_draft != g_argmax[:, :positions], torch.ones(g_draft.shape[0], 1, dtype=torch.bool)], -1)
+        disagree = torch.cat(
+            [g_draft != g_argmax[:, :positions], torch.ones(g_draft.shape[0], 1, dtype=torch.bool)], -1
+        )
         assert torch.equal(first[greedy], disagree.int().argmax(-1)), "greedy f is not the first disagreement"
 
     # the keyed draws y_j of every (row, position): sv.sample with key s_b + j (SPEC §4)
     seeds = torch.tensor(per_row_seeds(args["seed"], batch), dtype=torch.int64)
     keys = seeds[:, None] + torch.arange(positions + 1)
-    flat = lambda t: None if t is None else t.repeat_interleave(positions + 1)  # noqa: E731
+
+    def flat(t):
+        return None if t is None else t.repeat_interleave(positions + 1)
+
     bitmask = args.get("token_bitmasks")
     y = sv.sample(
         logits.reshape(-1, vocab),
@@ -172,7 +181,9 @@ def check_output_invariants(args: dict, out) -> None:
     if args.get("draft_proposal", "argmax") == "argmax":
         assert torch.equal(recovered[plain], y[plain, :positions]), "argmax mode: recovered is not y_j"
         disagree = torch.cat([draft != y[:, :positions], torch.ones(batch, 1, dtype=torch.bool)], -1)
-        assert torch.equal(first[plain], disagree.int().argmax(-1)[plain]), "argmax mode: f is not the first disagreement"
+        assert torch.equal(first[plain], disagree.int().argmax(-1)[plain]), (
+            "argmax mode: f is not the first disagreement"
+        )
     else:
         p_d = probs[:, :positions].gather(-1, draft.clamp(min=0)[..., None])[..., 0]
         impossible = (draft >= 0) & (p_d == 0)  # the target cannot commit it: always rejected

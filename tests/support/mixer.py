@@ -72,4 +72,3 @@ def key_for_bits(bits: int, stream: int) -> int:
 def key_for_uniform(numerator: int, stream: int) -> int:
     """A uint64 key whose uniform on `stream` is exactly numerator * 2**-53 (0 <= numerator < 2**53)."""
     return key_for_bits(numerator << 11, stream)
-

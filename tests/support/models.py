@@ -14,8 +14,15 @@ VOCAB = 48
 def tiny_llama_config(vocab_size: int, **overrides):
     """The config of the tests' random 2-layer Llama (transformers.LlamaConfig)."""
     transformers = pytest.importorskip("transformers")
-    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3)
+    sizes = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+    )
     return transformers.LlamaConfig(vocab_size=vocab_size, **{**sizes, **overrides})
 
 

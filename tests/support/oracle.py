@@ -99,14 +99,21 @@ def truncated_distribution(
 def row_laws(logits, temperature, top_k, top_p, min_p=None, allowed=None) -> list[Law]:
     """The law of every row: logits float32 [N, V]; temperature, top_k, top_p, min_p (or None): [N];
     allowed: bool [N, V] or None. Float parameters are read as float32, as the library reads them."""
-    as_read = lambda value: float(np.float32(value))  # noqa: E731
+
+    def as_read(value):
+        return float(np.float32(value))
+
     return [
         truncated_distribution(
-            logits[n], as_read(temperature[n]), int(top_k[n]), as_read(top_p[n]),
-            0.0 if min_p is None else as_read(min_p[n]), None if allowed is None else allowed[n],
+            logits[n],
+            as_read(temperature[n]),
+            int(top_k[n]),
+            as_read(top_p[n]),
+            0.0 if min_p is None else as_read(min_p[n]),
+            None if allowed is None else allowed[n],
         )
         for n in range(len(logits))
-    ]  # fmt: skip
+    ]
 
 
 @dataclass(frozen=True)

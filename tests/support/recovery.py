@@ -28,8 +28,12 @@ def grid_counts(weights: np.ndarray, q: np.ndarray, draft: np.ndarray, mode: np.
     sums = block_sums(w.view(-1, vocab)).view(DRAWS, positions + 1, -1)
     mass = sums[:, :positions].sum(-1)
     tokens = recovery_draw(
-        w, sums, mass, torch.as_tensor(q).expand(DRAWS, positions, vocab),
-        torch.as_tensor(draft).expand(DRAWS, positions), torch.as_tensor(mode, dtype=torch.int32).expand(DRAWS, positions),
+        w,
+        sums,
+        mass,
+        torch.as_tensor(q).expand(DRAWS, positions, vocab),
+        torch.as_tensor(draft).expand(DRAWS, positions),
+        torch.as_tensor(mode, dtype=torch.int32).expand(DRAWS, positions),
         torch.as_tensor(grid)[:, None].expand(DRAWS, positions),
     )
     return np.stack([np.bincount(tokens[:, j].numpy(), minlength=vocab) for j in range(positions)])

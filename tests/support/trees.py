@@ -10,7 +10,9 @@ import specverify as sv
 from tests.support.seeds import per_row_seeds
 
 
-def random_trees(rng: np.random.Generator, batch: int, nodes: int, vocab: int, padding: float) -> tuple[np.ndarray, np.ndarray]:
+def random_trees(
+    rng: np.random.Generator, batch: int, nodes: int, vocab: int, padding: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(draft [B, N], parents [B, N]) int64: node i's parent uniform over [-1, i); a share `padding` of the
     nodes are padding (-1, with a garbage parent) and so is every node below a padded one."""
     parents = np.array([[rng.integers(-1, i) if i else -1 for i in range(nodes)] for _ in range(batch)], dtype=np.int64)
@@ -24,7 +26,9 @@ def random_trees(rng: np.random.Generator, batch: int, nodes: int, vocab: int, p
     return draft, parents
 
 
-def insert_padding(rng: np.random.Generator, draft: np.ndarray, parents: np.ndarray, *per_node: np.ndarray, filler=np.nan):
+def insert_padding(
+    rng: np.random.Generator, draft: np.ndarray, parents: np.ndarray, *per_node: np.ndarray, filler=np.nan
+):
     """Insert one padding node per row at a random index (0..N), renumbering the nodes after it.
 
     per_node: arrays [B, N+1, ...] indexed like target_logits (index i+1 for node i) or [B, N, ...] like
@@ -59,17 +63,26 @@ def reference_argmax_walk(args: dict) -> tuple[list[list[int]], list[int]]:
     logits = args["target_logits"].reshape(batch, nodes + 1, -1)
     masks = args.get("token_bitmasks")
     seeds = per_row_seeds(args["seed"], batch)
-    per_row = lambda name, b: args[name][b : b + 1] if isinstance(args.get(name), torch.Tensor) else args.get(name)  # noqa: E731
+
+    def per_row(name, b):
+        return args[name][b : b + 1] if isinstance(args.get(name), torch.Tensor) else args.get(name)
+
     paths, tokens = [], []
     for b in range(batch):
         current, path = -1, []
         while True:
             depth = len(path)
-            y = int(sv.sample(
-                logits[b, current + 1][None], per_row("temperature", b), per_row("top_k", b), per_row("top_p", b),
-                seeds[b] + depth,
-                min_p=per_row("min_p", b), token_bitmask=None if masks is None else masks[b, current + 1][None],
-            )[0])  # fmt: skip
+            y = int(
+                sv.sample(
+                    logits[b, current + 1][None],
+                    per_row("temperature", b),
+                    per_row("top_k", b),
+                    per_row("top_p", b),
+                    seeds[b] + depth,
+                    min_p=per_row("min_p", b),
+                    token_bitmask=None if masks is None else masks[b, current + 1][None],
+                )[0]
+            )
             children = [i for i in range(nodes) if draft[b, i] >= 0 and parents[b, i] == current]
             match = [i for i in children if draft[b, i] == y]
             if not match:

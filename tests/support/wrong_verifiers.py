@@ -22,17 +22,46 @@ def _per_row(value, rows: int, dtype) -> torch.Tensor:
 
 
 def recovery_from_full_target(
-    draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed,
-    in_thinking_phase=None, relaxed_topk=None, relaxed_delta=None, token_bitmasks=None,
-    draft_proposal="argmax", draft_probs_full=None, vocab_size=None, *, min_p=None, validate=True,
-):  # fmt: skip
+    draft_tokens,
+    target_logits,
+    temperature,
+    top_k,
+    max_k,
+    top_p,
+    min_top_p,
+    seed,
+    in_thinking_phase=None,
+    relaxed_topk=None,
+    relaxed_delta=None,
+    token_bitmasks=None,
+    draft_proposal="argmax",
+    draft_probs_full=None,
+    vocab_size=None,
+    *,
+    min_p=None,
+    validate=True,
+):
     """Wrong in "sampled" mode: a rejected draft is replaced by a sample of the full p~ instead of the
     residual max(0, p~ - q), which over-weights the tokens q already proposes. Per-request seeds [B]."""
     first, recovered, bonus = sv.stochastic_acceptance_sampler(
-        draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed,
-        in_thinking_phase, relaxed_topk, relaxed_delta, token_bitmasks, draft_proposal, draft_probs_full,
-        vocab_size, min_p=min_p, validate=validate,
-    )  # fmt: skip
+        draft_tokens,
+        target_logits,
+        temperature,
+        top_k,
+        max_k,
+        top_p,
+        min_top_p,
+        seed,
+        in_thinking_phase,
+        relaxed_topk,
+        relaxed_delta,
+        token_bitmasks,
+        draft_proposal,
+        draft_probs_full,
+        vocab_size,
+        min_p=min_p,
+        validate=validate,
+    )
     rows, K = draft_tokens.shape
     if draft_proposal != "sampled" or K == 0:
         return first, recovered, bonus
@@ -67,10 +96,25 @@ def _top_p_before_renormalisation(masked: torch.Tensor, temperature, top_k, top_
 
 
 def top_p_before_top_k_renormalisation(
-    draft_tokens, target_logits, temperature, top_k, max_k, top_p, min_top_p, seed,
-    in_thinking_phase=None, relaxed_topk=None, relaxed_delta=None, token_bitmasks=None,
-    draft_proposal="argmax", draft_probs_full=None, vocab_size=None, *, min_p=None, validate=True,
-):  # fmt: skip
+    draft_tokens,
+    target_logits,
+    temperature,
+    top_k,
+    max_k,
+    top_p,
+    min_top_p,
+    seed,
+    in_thinking_phase=None,
+    relaxed_topk=None,
+    relaxed_delta=None,
+    token_bitmasks=None,
+    draft_proposal="argmax",
+    draft_probs_full=None,
+    vocab_size=None,
+    *,
+    min_p=None,
+    validate=True,
+):
     """Wrong whenever top-k and top-p meet: truncates with `_top_p_before_renormalisation` (sending the
     dropped tokens to -inf), then verifies with top-k and top-p off; relaxed rows are left to the
     verifier. Per-row tensor parameters."""
@@ -89,24 +133,60 @@ def top_p_before_top_k_renormalisation(
     top_k = torch.where(thinking, top_k, -1)
     top_p = torch.where(thinking, top_p, 1.0)
     return sv.stochastic_acceptance_sampler(
-        draft_tokens, truncated, temperature, top_k, None, top_p, None, seed,
-        in_thinking_phase, relaxed_topk, relaxed_delta, token_bitmasks, draft_proposal, draft_probs_full,
-        vocab_size, min_p=min_p, validate=validate,
-    )  # fmt: skip
+        draft_tokens,
+        truncated,
+        temperature,
+        top_k,
+        None,
+        top_p,
+        None,
+        seed,
+        in_thinking_phase,
+        relaxed_topk,
+        relaxed_delta,
+        token_bitmasks,
+        draft_proposal,
+        draft_probs_full,
+        vocab_size,
+        min_p=min_p,
+        validate=validate,
+    )
 
 
 def tree_recovery_from_full_target(
-    draft_tokens, parents, target_logits, temperature, top_k, top_p, seed, *, min_p=None, token_bitmasks=None,
-    draft_proposal="argmax", draft_probs=None, sibling_draws="with_replacement", validate=True,
-):  # fmt: skip
+    draft_tokens,
+    parents,
+    target_logits,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    *,
+    min_p=None,
+    token_bitmasks=None,
+    draft_proposal="argmax",
+    draft_probs=None,
+    sibling_draws="with_replacement",
+    validate=True,
+):
     """The same mistake in a tree verifier (SPEC §8): where the walk stops at a node whose children were all
     rejected, commit a sample of the full p~ there instead of a draw from the residual. Per-row tensor
     parameters and seeds [B]."""
     path, length, token = sv.tree_acceptance_sampler(
-        draft_tokens, parents, target_logits, temperature, top_k, top_p, seed, min_p=min_p,
-        token_bitmasks=token_bitmasks, draft_proposal=draft_proposal, draft_probs=draft_probs,
-        sibling_draws=sibling_draws, validate=validate,
-    )  # fmt: skip
+        draft_tokens,
+        parents,
+        target_logits,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        min_p=min_p,
+        token_bitmasks=token_bitmasks,
+        draft_proposal=draft_proposal,
+        draft_probs=draft_probs,
+        sibling_draws=sibling_draws,
+        validate=validate,
+    )
     rows, nodes = draft_tokens.shape
     if draft_proposal != "sampled" or nodes == 0:
         return path, length, token
@@ -116,8 +196,11 @@ def tree_recovery_from_full_target(
     index = last[rejected] + 1
     redrawn = sv.sample(
         target_logits.reshape(rows, nodes + 1, -1)[rejected, index],
-        temperature[rejected], top_k[rejected], top_p[rejected], seed[rejected] + length[rejected],
+        temperature[rejected],
+        top_k[rejected],
+        top_p[rejected],
+        seed[rejected] + length[rejected],
         min_p=None if min_p is None else min_p[rejected],
         token_bitmask=None if token_bitmasks is None else token_bitmasks[rejected, index],
-    )  # fmt: skip
+    )
     return path, length, token.index_copy(0, rejected, redrawn)

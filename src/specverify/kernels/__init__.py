@@ -19,7 +19,7 @@ it runs whole calls), same arguments and results as here, and a module-level `BA
 sys.modules[__name__], <its capabilities>)` (checked on import for the ops it declares); (2) a loader
 here returning that BACKEND or None (raising where forced and it cannot run), and its line in LOADERS
 (the default device choice in `backend_for` if it is to run unforced); (3) its name in tests/conftest.py's
-backend list, so that it passes what every backend must: tests/test_backends.py and tests/test_tree.py
+backend list, so that it passes what every backend must: tests/kernels/test_backends.py and tests/core/test_tree.py
 (`each_backend`), then the parity and statistics checks of `specverify check` on its device.
 """
 

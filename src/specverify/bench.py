@@ -322,9 +322,11 @@ def run_benchmark(
     repeats: int,
     device: torch.device = CPU,
     traffic: bool = False,
+    on_case: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Time every case side by side; returns the results as a dict (also printed as a table). traffic: also
-    meter each verifier case once on the Triton backend under its interpreter (CPU only): `passes`."""
+    meter each verifier case once on the Triton backend under its interpreter (CPU only): `passes`.
+    on_case(name, i, count): called before the i-th of the count cases is timed (progress for a person)."""
     batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
     backend = _kernels(logits)
@@ -375,7 +377,11 @@ def run_benchmark(
         cases["MAX stochastic_acceptance_sampler"] = max_run
     flashinfer, flashinfer_missing = _flashinfer_cases(batch)
     cases.update(flashinfer)
-    times = {name: time_case(run, repeats, device) for name, run in cases.items()}
+    times = {}
+    for i, (name, run) in enumerate(cases.items()):
+        if on_case is not None:
+            on_case(name, i, len(cases))
+        times[name] = time_case(run, repeats, device)
     floor = statistics.median(times["read floor (amax)"])
     softmax = statistics.median(times["torch.softmax"])
     logits_bytes = logits.numel() * logits.element_size()
@@ -504,6 +510,12 @@ def bench_modes(args: argparse.Namespace) -> list[str]:
     return modes
 
 
+def _say_case(name: str, i: int, count: int) -> None:
+    """One line on stderr per case as it starts (a whole run takes a minute or more): stdout keeps only the
+    table and the JSON line."""
+    print(f"  timing {i + 1}/{count}: {name}", file=sys.stderr, flush=True)
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     try:
         modes = bench_modes(args)
@@ -525,9 +537,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if traffic and device.type != "cpu":
         print("specverify bench: error: --traffic meters under Triton's interpreter: use --device cpu", file=sys.stderr)
         return 2
-    results = run_benchmark(
-        args.batch, args.drafts, args.vocab, getattr(torch, args.dtype), modes, args.repeats, device, traffic
-    )
+    shape = (args.batch, args.drafts, args.vocab, getattr(torch, args.dtype))
+    print(f"specverify bench: B={args.batch} K={args.drafts} V={args.vocab} {args.dtype} on {device}", file=sys.stderr)
+    results = run_benchmark(*shape, modes, args.repeats, device, traffic, on_case=_say_case)
     print_table(results)
     print(json.dumps(results))
     return 0

@@ -26,8 +26,14 @@ CASES = [
 
 def test_the_last_line_is_one_json_object_with_every_case(capsys):
     assert main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
     results = json.loads(lines[-1])
+    progress = err.splitlines()  # one line per case as it starts, on stderr
+    assert progress[0] == "specverify bench: B=3 K=2 V=700 float32 on cpu"
+    assert progress[1:] == [
+        f"  timing {i + 1}/{len(results['cases'])}: {name}" for i, name in enumerate(results["cases"])
+    ]
     config = results["config"]
     assert (config["B"], config["K"], config["V"], config["dtype"], config["repeats"]) == (3, 2, 700, "float32", 2)
     assert config["kernels"] and config["kernels_load_s"] >= 0

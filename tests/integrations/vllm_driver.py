@@ -25,9 +25,14 @@ def _completion(output) -> dict:
 
 
 def _params(params: dict) -> dict:
-    """SamplingParams keywords from JSON (whose object keys are strings: logit_bias takes int ids)."""
+    """SamplingParams keywords from JSON: logit_bias keys as int ids (JSON keys are strings), and
+    structured_outputs as vLLM's StructuredOutputsParams."""
+    from vllm.sampling_params import StructuredOutputsParams
+
     if "logit_bias" in params:
         params = {**params, "logit_bias": {int(token): bias for token, bias in params["logit_bias"].items()}}
+    if "structured_outputs" in params:
+        params = {**params, "structured_outputs": StructuredOutputsParams(**params["structured_outputs"])}
     return params
 
 

@@ -150,16 +150,19 @@ def test_the_engine_logs_one_line_naming_the_backend_and_stock_vllm_is_untouched
     ("arguments", "variables", "message"),
     [
         ({"logprobs_mode": "processed_logprobs"}, {}, "logprobs_mode='processed_logprobs'"),
-        ({"speculative_config": "draft-model"}, {}, "async_scheduling must be off with speculation (got async_scheduling=True)"),
+        (
+            {"speculative_config": {**support.NGRAM, "rejection_sample_method": "synthetic",
+                                    "synthetic_acceptance_rates": [0.8, 0.6, 0.4, 0.2]}},
+            {},
+            "rejection_sample_method must be 'standard' (got rejection_sample_method='synthetic')",
+        ),
         ({}, {"SPECVERIFY_VLLM": "yes"}, "SPECVERIFY_VLLM must be 1 (on) or 0 (off) (got 'yes')"),
     ],
 )
 def test_an_unsupported_option_fails_the_start_with_a_message_naming_it(tmp_path, arguments, variables, message):
     support.require_vllm()
     model = support.model_folder()
-    if arguments.get("speculative_config") == "draft-model":  # vLLM turns async scheduling on for draft models
-        arguments = {"speculative_config": {"method": "draft_model", "model": str(model), "num_speculative_tokens": 2}}
-    engine = support.engine_arguments(model, support.NGRAM, **arguments)
+    engine = support.engine_arguments(model, support.NGRAM, **arguments)  # arguments override the n-gram config
     status, result, output = support.run_job(
         engine, {}, tmp_path, plugin=True, timeout=300, env=support.environment(True, **variables)
     )

@@ -7,8 +7,9 @@
     drafts with temperature only; top-k 50 + top-p 0.9; sampled drafts with draft probabilities.
     B in {1, 8, 32}, K = 4, V of the model (49152) and 128256; min and median over repeats, 1 thread
     (vLLM's CPU worker runs torch on one thread).
-(2) End to end: `LLM.generate` throughput (generated tokens / s) of a batch with n-gram speculation, stock
-    vLLM against the plug-in, and plain decoding; greedy and seeded T = 0.7. Each engine runs in its own
+(2) End to end: `LLM.generate` throughput (generated tokens / s, ignore_eos) with n-gram speculation, stock
+    vLLM against the plug-in, and plain decoding (stock and plug-in); greedy and seeded T = 0.7; a batch
+    of 8 prompts and the first (a copy task) alone. Each engine runs in its own
     subprocess, one at a time; min and median over repeats of the same batch after a warm-up.
 The last line printed is one JSON object with every number.
 """
@@ -73,7 +74,7 @@ def mend_expand_kernel() -> None:
     import torch
     from vllm.triton_utils.dispatcher import register_kernels
 
-    def expand_kernel(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
+    def expand_kernel(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):
         cu = cu_num_tokens_ptr.to(torch.int64)
         counts = torch.diff(cu, prepend=cu.new_zeros(1))
         values = torch.where(input_ptr == replace_from, torch.as_tensor(replace_to, dtype=input_ptr.dtype), input_ptr)
@@ -110,7 +111,7 @@ def sampling_metadata(batch: int, vocab: int, case: str):
     from vllm.v1.sample.metadata import SamplingMetadata
 
     greedy = case == "greedy"
-    full = lambda value, dtype=torch.float32: torch.full((batch,), value, dtype=dtype)  # noqa: E731
+    full = lambda value, dtype=torch.float32: torch.full((batch,), value, dtype=dtype)
     return SamplingMetadata(
         temperature=None if greedy else full(0.8),
         all_greedy=greedy,
@@ -168,10 +169,10 @@ def bench_verifier(repeats: int, batches: list[int], vocabs: list[int], k: int =
                 # vLLM may update its logits in place: each call gets a fresh copy, outside the timing
                 copies = [logits.clone() for _ in range(3)]
 
-                def theirs():
+                def theirs(metadata=metadata, probs=probs, copies=copies, meta=meta):
                     return rejection.forward(metadata, probs, copies[0], meta).sampled_token_ids
 
-                def ours():
+                def ours(metadata=metadata, probs=probs, logits=logits, meta=meta, seeds=seeds):
                     return verify_step(metadata, probs, logits, meta, seeds, None)
 
                 timings = {"vllm": [], "specverify": []}
@@ -203,29 +204,32 @@ def bench_verifier(repeats: int, batches: list[int], vocabs: list[int], k: int =
 
 
 def engine_worker(config: dict) -> dict:
-    """Inside a subprocess: one engine, the batch generated `repeats` times after a warm-up, per setting."""
+    """Inside a subprocess: one engine; per batch and setting, the batch generated `repeats` times after a
+    warm-up. Returns {"<setting>, B=<n>": {"tokens", "tokens_per_s": {min, median, max}, "token_ids"}}."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=config["model"], dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
               speculative_config=config["speculative"], max_num_seqs=len(PROMPTS))  # fmt: skip
     results = {}
-    for setting, params in config["settings"].items():
-        sampling = [SamplingParams(max_tokens=config["max_tokens"], ignore_eos=True, **params, **({"seed": 100 + i} if params.get("temperature") else {}))
-                    for i in range(len(PROMPTS))]  # fmt: skip
-        llm.generate(PROMPTS, sampling, use_tqdm=False)  # warm-up
-        seconds, texts = [], None
-        for _ in range(config["repeats"]):
-            began = time.perf_counter()
-            outputs = llm.generate(PROMPTS, sampling, use_tqdm=False)
-            seconds.append(time.perf_counter() - began)
-            texts = [output.outputs[0].token_ids for output in outputs]
-        tokens = sum(len(t) for t in texts)
-        results[setting] = {
-            "tokens": tokens,
-            "tokens_per_s": {"max": tokens / min(seconds), "median": tokens / statistics.median(seconds),
-                             "min": tokens / max(seconds)},
-            "token_ids": [list(t) for t in texts],
-        }  # fmt: skip
+    for size in BATCHES:
+        prompts = PROMPTS[:size]
+        for setting, params in SETTINGS.items():
+            sampling = [SamplingParams(max_tokens=config["max_tokens"], ignore_eos=True, **params,
+                                       **({"seed": 100 + i} if params["temperature"] else {})) for i in range(size)]  # fmt: skip
+            llm.generate(prompts, sampling, use_tqdm=False)  # warm-up
+            seconds, texts = [], None
+            for _ in range(config["repeats"]):
+                began = time.perf_counter()
+                outputs = llm.generate(prompts, sampling, use_tqdm=False)
+                seconds.append(time.perf_counter() - began)
+                texts = [output.outputs[0].token_ids for output in outputs]
+            tokens = sum(len(t) for t in texts)
+            results[f"{setting}, B={size}"] = {
+                "tokens": tokens,
+                "tokens_per_s": {"min": tokens / max(seconds), "median": tokens / statistics.median(seconds),
+                                 "max": tokens / min(seconds)},
+                "token_ids": [list(t) for t in texts],
+            }  # fmt: skip
     llm.llm_engine.engine_core.shutdown()
     return results
 
@@ -237,6 +241,7 @@ ENGINES = {
     "specverify, plain": (True, False),
 }
 SETTINGS = {"greedy": {"temperature": 0.0}, "T 0.7": {"temperature": 0.7}}
+BATCHES = (8, 1)  # all prompts; the first (a copy task) alone
 
 
 def bench_end_to_end(model: Path, repeats: int, max_tokens: int) -> dict:
@@ -246,33 +251,33 @@ def bench_end_to_end(model: Path, repeats: int, max_tokens: int) -> dict:
         env.pop("SPECVERIFY_VLLM", None)
         if plugin:
             env["SPECVERIFY_VLLM"] = "1"
-        config = {"model": str(model), "speculative": NGRAM if speculative else None, "settings": SETTINGS,
-                  "repeats": repeats, "max_tokens": max_tokens}  # fmt: skip
+        config = {"model": str(model), "speculative": NGRAM if speculative else None, "repeats": repeats,
+                  "max_tokens": max_tokens}  # fmt: skip
         with tempfile.TemporaryDirectory() as folder:
             job, out = Path(folder) / "job.json", Path(folder) / "out.json"
             job.write_text(json.dumps(config))
             began = time.perf_counter()
             done = subprocess.run([sys.executable, __file__, "--engine-worker", str(job), str(out)], cwd=folder,
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                                  env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
             if done.returncode != 0 or not out.exists():
                 sys.exit(f"engine {name!r} failed:\n{done.stdout[-5000:]}")
             results[name] = json.loads(out.read_text())
         for setting, row in results[name].items():
             rate = row["tokens_per_s"]
-            print(f"{name:20s} {setting:7s} {rate['min']:6.1f}-{rate['median']:6.1f}-{rate['max']:6.1f} tok/s (min-median-max)"
+            print(f"{name:20s} {setting:12s} {rate['min']:6.1f}-{rate['median']:6.1f}-{rate['max']:6.1f} tok/s (min-median-max)"
                   f"  [{time.perf_counter() - began:.0f} s with engine start]", flush=True)  # fmt: skip
     ours, stock = results["specverify, n-gram"], results["stock, n-gram"]
-    ratios = {
-        "greedy: specverify n-gram / stock n-gram": ours["greedy"]["tokens_per_s"]["median"] / stock["greedy"]["tokens_per_s"]["median"],
-        "greedy: specverify n-gram / stock plain": ours["greedy"]["tokens_per_s"]["median"] / results["stock, plain"]["greedy"]["tokens_per_s"]["median"],
-        "T 0.7: specverify n-gram / stock plain": ours["T 0.7"]["tokens_per_s"]["median"] / results["stock, plain"]["T 0.7"]["tokens_per_s"]["median"],
-        "T 0.7: specverify n-gram / specverify plain": ours["T 0.7"]["tokens_per_s"]["median"] / results["specverify, plain"]["T 0.7"]["tokens_per_s"]["median"],
-    }  # fmt: skip
-    same = {
-        "greedy: specverify n-gram == stock plain": ours["greedy"]["token_ids"] == results["stock, plain"]["greedy"]["token_ids"],
-        "T 0.7: specverify n-gram == specverify plain": ours["T 0.7"]["token_ids"] == results["specverify, plain"]["T 0.7"]["token_ids"],
-        "T 0.7: stock n-gram == stock plain": stock["T 0.7"]["token_ids"] == results["stock, plain"]["T 0.7"]["token_ids"],
-    }  # fmt: skip
+    median = lambda engine, row: results[engine][row]["tokens_per_s"]["median"]
+    ratios, same = {}, {}
+    for size in BATCHES:
+        g, t = f"greedy, B={size}", f"T 0.7, B={size}"
+        ratios[f"{g}: specverify n-gram / stock n-gram"] = median("specverify, n-gram", g) / median("stock, n-gram", g)
+        ratios[f"{g}: specverify n-gram / stock plain"] = median("specverify, n-gram", g) / median("stock, plain", g)
+        ratios[f"{t}: specverify n-gram / stock plain"] = median("specverify, n-gram", t) / median("stock, plain", t)
+        ratios[f"{t}: specverify plain / stock plain"] = median("specverify, plain", t) / median("stock, plain", t)
+        same[f"{g}: specverify n-gram == stock plain"] = ours[g]["token_ids"] == results["stock, plain"][g]["token_ids"]
+        same[f"{t}: specverify n-gram == specverify plain"] = ours[t]["token_ids"] == results["specverify, plain"][t]["token_ids"]
+        same[f"{t}: stock n-gram == stock plain"] = stock[t]["token_ids"] == results["stock, plain"][t]["token_ids"]
     for label, value in {**ratios, **same}.items():
         print(f"{label}: {value:.3f}" if isinstance(value, float) else f"{label}: {value}")
     for row in results.values():

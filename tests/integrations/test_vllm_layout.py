@@ -16,9 +16,20 @@ import pytest
 import torch
 
 import specverify as sv
-from specverify.integrations.vllm import ENVIRONMENT, SUPPORTED_RANGE, UnsupportedVersion, check_version, enabled
-from specverify.integrations.vllm import layout
-from specverify.integrations.vllm.rows import RequestRows, as_int64, base_seed, derived_seed
+from specverify.integrations.vllm import (
+    ENVIRONMENT,
+    SUPPORTED_RANGE,
+    UnsupportedVersion,
+    check_version,
+    enabled,
+    layout,
+)
+from specverify.integrations.vllm.rows import (
+    RequestRows,
+    as_int64,
+    base_seed,
+    derived_seed,
+)
 
 
 @dataclass
@@ -96,7 +107,7 @@ def test_padded_draft_probs_are_zero_rows_at_padding_and_a_view_when_every_row_d
 
 def test_sampling_rows_map_vllm_conventions_onto_ours():
     assert layout.sampling_rows(None, None, None, 64) == (0.0, -1, 1.0)
-    temperature, top_k, top_p = layout.sampling_rows(
+    temperature, top_k, _ = layout.sampling_rows(
         torch.tensor([0.0, 0.7]), torch.tensor([64, 20], dtype=torch.int32), torch.tensor([1.0, 0.9]), 64
     )
     assert top_k.tolist() == [-1, 20] and temperature.tolist() == pytest.approx([0.0, 0.7])

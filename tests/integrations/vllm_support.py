@@ -39,7 +39,7 @@ def absent_reason() -> str | None:
     if not python.exists():
         return f"the vLLM venv is absent ({python} not found; `make vllm-venv` builds it)"
     probe = "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('specverify')))"
-    if subprocess.run([str(python), "-c", probe], capture_output=True).returncode != 0:
+    if subprocess.run([str(python), "-c", probe], capture_output=True, check=False).returncode != 0:
         return f"{python} lacks vllm or specverify (`make vllm-venv` installs them)"
     return None
 
@@ -103,7 +103,7 @@ def run_job(
     job.write_text(json.dumps({"engine": engine, "batches": batches}))
     result.unlink(missing_ok=True)
     done = subprocess.run(
-        [str(python), str(DRIVER), str(job), str(result)], cwd=folder, env=env or environment(plugin),
+        [str(python), str(DRIVER), str(job), str(result)], cwd=folder, env=env or environment(plugin), check=False,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
     )  # fmt: skip
     return done.returncode, json.loads(result.read_text()) if result.exists() else None, done.stdout

@@ -7,6 +7,14 @@ layout (vLLM's flat metadata onto our padded [B, K] contract and back), rows (pe
 min-p), hooks (the patches and the worker check). Importing this package does not import vLLM.
 """
 
-from .entry import ENVIRONMENT, SUPPORTED_RANGE, UnsupportedVersion, check_version, enable, enabled, register
+from .entry import (
+    ENVIRONMENT,
+    SUPPORTED_RANGE,
+    UnsupportedVersion,
+    check_version,
+    enable,
+    enabled,
+    register,
+)
 
 __all__ = ["ENVIRONMENT", "SUPPORTED_RANGE", "UnsupportedVersion", "check_version", "enable", "enabled", "register"]

@@ -7,6 +7,7 @@ SPECVERIFY_VLLM=1 it does nothing, so installing specverify changes no vLLM that
 from __future__ import annotations
 
 import os
+import re
 
 #: The environment variable that turns the plug-in on ("1") or leaves it off ("0", empty or unset).
 ENVIRONMENT = "SPECVERIFY_VLLM"
@@ -29,13 +30,8 @@ def enabled() -> bool:
 
 def check_version(version: str) -> None:
     """UnsupportedVersion unless vLLM `version` (e.g. "0.32.0", "0.32.1.dev3+cpu") is in SUPPORTED_RANGE."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        release = Version(version).release
-    except InvalidVersion:
-        release = ()
-    if tuple(release[:2]) != _SUPPORTED_SERIES:
+    match = re.match(r"(\d+)\.(\d+)(?:\.\d+)*(?:(?:rc|\.dev|\.post|a|b)\d*)*(?:\+[\w.]+)?$", version.strip())
+    if match is None or (int(match[1]), int(match[2])) != _SUPPORTED_SERIES:
         raise UnsupportedVersion(
             f"specverify's vLLM plug-in supports vLLM {SUPPORTED_RANGE} (got vLLM {version}); "
             f"install a supported vLLM or unset {ENVIRONMENT}"

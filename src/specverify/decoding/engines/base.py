@@ -9,7 +9,8 @@ implementing these two methods (`hf.HFLanguageModel` wraps any transformers caus
 Tree drafts (SPEC §8) need a `TreeSession`: `extend_tree` scores the root and every node of a draft tree
 in one forward, and `keep_path` then keeps only the accepted path in the cache; `hf.HFSession` is one.
 A model may also say how many positions it can attend over (`max_context`); the loops then refuse, before
-any decoding, a request whose prompt plus max_tokens does not fit (`check_context`).
+any decoding, a request whose prompt plus max_tokens does not fit (`check_context`; `specverify generate`
+applies the same rule before the weights load, `loading.check_prompts_fit`).
 """
 
 from __future__ import annotations
@@ -77,13 +78,18 @@ class ContextOverflow(ValueError):
 
 
 def check_context(model: LanguageModel, prompts, max_tokens: Sequence[int]) -> None:
-    """Raise ContextOverflow when a prompt's length plus max_tokens exceeds model.max_context (a row's
-    last generated token is never fed to the model, but a context of prompt + max_tokens must fit, as in
-    vLLM's max_model_len). Nothing is truncated: truncating a prompt silently changes the answer.
+    """Raise ContextOverflow when a prompt's length plus max_tokens exceeds model.max_context
+    (`check_context_limit`; no limit when the model states none)."""
+    check_context_limit(getattr(model, "max_context", None), prompts, max_tokens)
+
+
+def check_context_limit(limit: int | None, prompts, max_tokens: Sequence[int]) -> None:
+    """Raise ContextOverflow when a prompt's length plus max_tokens exceeds limit positions (None: no limit;
+    a row's last generated token is never fed to the model, but a context of prompt + max_tokens must fit,
+    as in vLLM's max_model_len). Nothing is truncated: truncating a prompt silently changes the answer.
 
     prompts: B token-id lists; max_tokens: B ints >= 0.
     """
-    limit = getattr(model, "max_context", None)
     if limit is None:
         return
     for row, (prompt, budget) in enumerate(zip(prompts, max_tokens)):

@@ -60,6 +60,12 @@ def _init_backend() -> None:
         _backend_ready = True
 
 
+def default_context(trained: int) -> int:
+    """A row's context when the caller gives none, for a model trained on `trained` positions (its GGUF's
+    `<arch>.context_length`): that, at most DEFAULT_CONTEXT."""
+    return min(trained, DEFAULT_CONTEXT)
+
+
 def _check_threads(threads: int) -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1 (got {threads!r})")
@@ -93,9 +99,8 @@ class LlamaCppModel:
             raise ValueError(f"path must be a GGUF model llama.cpp can load (got {str(path)!r})")
         self.path = path
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
-        trained = int(llama_cpp.llama_model_n_ctx_train(self._model))
         if context_length is None:
-            context_length = min(trained, DEFAULT_CONTEXT)
+            context_length = default_context(int(llama_cpp.llama_model_n_ctx_train(self._model)))
         if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 1:
             raise ValueError(f"context_length must be an int >= 1 (got {context_length!r})")
         #: The most positions a row's context may hold (prompt plus generated tokens).

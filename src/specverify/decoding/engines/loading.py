@@ -8,6 +8,8 @@ The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file by the PyP
   f16=True an F16 copy made once by llama.cpp's own quantizer and cached the same way. Its tokenizer is
   transformers' tokenizer of the same GGUF (cached on its own: ~3 s to convert, ~0.2 s to read back), so
   both engines give the same token ids for the same prompt.
+Before any weights load, `check_prompts_fit` refuses prompts that would not fit the context the engine
+will give the model, from its tokenizer and its config or GGUF header (`gguf_header`) alone.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import io
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import model_cache
-from .base import LanguageModel
+from . import gguf_header, model_cache
+from .base import LanguageModel, check_context_limit
 from .chat import ChatTokenizer
 from .hf import HFLanguageModel
 
@@ -126,9 +128,19 @@ def load_pretrained(folder: Path) -> LoadedModel:
     import torch
 
     start = time.perf_counter()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = folder_tokenizer(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
-    return LoadedModel(HFLanguageModel(model), ChatTokenizer(tokenizer), folder.name, time.perf_counter() - start)
+    return LoadedModel(HFLanguageModel(model), tokenizer, folder.name, time.perf_counter() - start)
+
+
+def folder_tokenizer(folder: Path) -> ChatTokenizer:
+    """The chat tokenizer of a transformers model folder."""
+    return ChatTokenizer(_transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True))
+
+
+def _is_gguf(path: Path) -> bool:
+    """Whether path is a GGUF file (else a model folder, see locate_model)."""
+    return path.suffix == ".gguf" and path.is_file()
 
 
 def locate_model(name: str) -> Path:
@@ -138,7 +150,7 @@ def locate_model(name: str) -> Path:
     if name == DEFAULT_MODEL:
         return smollm2_gguf()
     path = Path(name)
-    if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
+    if _is_gguf(path) or (path / "config.json").is_file():
         return path
     if path.suffix == ".gguf" and not path.exists():
         raise MissingModel(f"the GGUF file {name!r} is not found")
@@ -152,7 +164,7 @@ def check_engine(path: Path, engine: str, *, f16: bool = False) -> None:
     only), or f16 is asked of another engine than llama.cpp."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))} (got {engine!r})")
-    if not ENGINES[engine].runs_folders and not (path.suffix == ".gguf" and path.is_file()):
+    if not ENGINES[engine].runs_folders and not _is_gguf(path):
         raise ValueError(
             f"the {engine} engine runs GGUF files: the model must be {DEFAULT_MODEL!r} or a .gguf file "
             f"(got the transformers model folder {str(path)!r}; run it with the transformers engine)"
@@ -202,10 +214,47 @@ def converts_on_load(name: str, engine: str, f16: bool = False) -> bool:
     return not model_cache.is_complete(model_cache.entry_folder(path, version))
 
 
+def check_prompts_fit(path: Path, engine: str, prompts: Sequence[str], max_tokens: Sequence[int]) -> None:
+    """Raise ContextOverflow when a prompt, chat-templated, plus its max_tokens exceeds the context the
+    model at path (see locate_model) will have on the engine: `base.check_context`'s rule and message, row
+    i being prompts[i], checked without loading the weights (the engine's context length from the model's
+    config or GGUF header, the token counts from its tokenizer alone: `chat_tokenizer`). The decoding loop
+    checks the loaded model again (`check_context`)."""
+    limit = ENGINES[engine].context_length(path)
+    if limit is None:
+        return
+    tokenizer = chat_tokenizer(path)
+    check_context_limit(limit, [tokenizer.encode_chat(prompt) for prompt in prompts], max_tokens)
+
+
+def chat_tokenizer(path: Path) -> ChatTokenizer:
+    """The chat tokenizer a model at path (see locate_model) decodes with on either engine, without its
+    weights: a model folder's own, or a GGUF file's from the tokenizer cache (`load_tokenizer`: the same
+    conversion of the same file as the tokenizer transformers' model cache holds)."""
+    return load_tokenizer(path)[0] if _is_gguf(path) else folder_tokenizer(path)
+
+
+def transformers_context(path: Path) -> int | None:
+    """The context the transformers engine gives the model at path (`HFLanguageModel.max_context`, its
+    config's max_position_embeddings), read without its weights: from a folder's config, or from a GGUF
+    file's header (`<arch>.context_length`, which transformers' GGUF loader maps to that field)."""
+    if _is_gguf(path):
+        return gguf_header.context_length(path)
+    config = _transformers().AutoConfig.from_pretrained(path, local_files_only=True)
+    return getattr(config, "max_position_embeddings", None)
+
+
+def llamacpp_context(path: Path) -> int | None:
+    """The context the llamacpp engine gives a row of the GGUF model at path (`LlamaCppModel.max_context`:
+    `llamacpp.default_context` of its training context), read from the file's header alone."""
+    trained = gguf_header.context_length(path)
+    return None if trained is None else _llamacpp().default_context(trained)
+
+
 def load_transformers(path: Path, *, threads: int = 1, f16: bool = False, use_cache: bool = True) -> LoadedModel:
     """A GGUF file or a transformers model folder on the transformers engine (threads and f16 are not its:
     torch's threads are the caller's, and f16 is refused by `check_engine`)."""
-    return load_gguf(path, use_cache=use_cache) if path.suffix == ".gguf" and path.is_file() else load_pretrained(path)
+    return load_gguf(path, use_cache=use_cache) if _is_gguf(path) else load_pretrained(path)
 
 
 def _llamacpp():
@@ -272,13 +321,16 @@ def load_llamacpp(gguf: Path, *, threads: int = 1, f16: bool = False, use_cache:
 class Engine:
     """What runs a model, as `load_model` and the command line look it up by name.
 
-    load: (path, *, threads, f16, use_cache) -> LoadedModel; runs_folders: it also runs transformers model
-    folders (else GGUF files only); converts_f16: it can run an F16 copy of a GGUF; owns_threads: its own
-    threads run the model (torch then keeps one for the verifier); scores_trees: its sessions are
-    `TreeSession`s (draft trees); modules: what it imports beyond the demo extra, installed by `extra`."""
+    load: (path, *, threads, f16, use_cache) -> LoadedModel; context_length: (path) -> the max_context its
+    model of the file or folder at path will have (None: no limit), read without loading the weights;
+    runs_folders: it also runs transformers model folders (else GGUF files only); converts_f16: it can run
+    an F16 copy of a GGUF; owns_threads: its own threads run the model (torch then keeps one for the
+    verifier); scores_trees: its sessions are `TreeSession`s (draft trees); modules: what it imports beyond
+    the demo extra, installed by `extra`."""
 
     name: str
     load: Callable[..., LoadedModel]
+    context_length: Callable[[Path], int | None]
     runs_folders: bool
     converts_f16: bool
     owns_threads: bool
@@ -294,6 +346,7 @@ ENGINES = {
         Engine(
             "transformers",
             load_transformers,
+            transformers_context,
             runs_folders=True,
             converts_f16=False,
             owns_threads=False,
@@ -302,6 +355,7 @@ ENGINES = {
         Engine(
             "llamacpp",
             load_llamacpp,
+            llamacpp_context,
             runs_folders=False,
             converts_f16=True,
             owns_threads=True,

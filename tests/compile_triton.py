@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from specverify.kernels.triton import jit, launch_shape  # noqa: E402
+from specverify.kernels.triton import jit, launch_shape, verify_shape  # noqa: E402
 
 FLOATS = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 CUDA = torch.device("cuda")
@@ -42,6 +42,8 @@ def variants():
     """(name, kernel, signature, constexprs) for every variant the launchers can make (the whole-call kernel:
     every flag combination for float32 logits, and float16 / bfloat16 logits with every path switched on)."""
     big, small = _shape(160, 128256, 1024), _shape(4096, 12, 12)
+    whole = {label: {name: verify_shape(rows, vocab, CUDA)[name] for name in ("TILES", "CANDIDATES")}
+             for label, rows, vocab in (("V=128256", 160, 128256), ("V=12", 4096, 12))}
     for dtype, (label, shape) in itertools.product(FLOATS, [("V=128256", big), ("V=12", small)]):
         for min_p in (False, True):
             signature = {"x_ptr": FLOATS[dtype], "t_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32", "mp_ptr": "*fp32",
@@ -69,10 +71,10 @@ def variants():
             signature = {"x_ptr": FLOATS[dtype], "m_ptr": "*i32" if mask else FLOATS[dtype], "t_ptr": "*fp32", "k_ptr": "*i64",
                          "p_ptr": "*fp32", "mp_ptr": "*fp32", "seed_ptr": "*i64", "d_ptr": "*i64",
                          "think_ptr": "*i8" if relaxed else "*i64", "q_ptr": "*fp32" if sampled else FLOATS[dtype],
-                         "first_ptr": "*i64", "recovered_ptr": "*i64", "bonus_ptr": "*i64", "batch": "i32", "K": "i32",
+                         "c_ptr": "*i64", "first_ptr": "*i64", "recovered_ptr": "*i64", "bonus_ptr": "*i64", "batch": "i32", "K": "i32",
                          "V": "i32", "W": "i32", "greedy_below": "fp32", "rtol": "fp32", "relaxed_k": "i32",
                          "relaxed_delta": "fp32"}
-            constexprs = dict(HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape)
+            constexprs = dict(HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape, **whole[label])
             yield f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}", jit.verify_kernel, signature, constexprs
 
 

@@ -57,6 +57,19 @@ def launch_shape(rows: int, vocab: int, device: torch.device, block: int | None 
     return shape
 
 
+#: The most candidates a truncating row of a whole call keeps for its kept set (verify_kernel's scratch).
+MAX_CANDIDATES = 1024
+
+
+def verify_shape(rows: int, vocab: int, device: torch.device) -> dict:
+    """launch_shape for verify_kernel, with TILES (tile sums per row, a power of two) and CANDIDATES (the
+    candidates' slots per row, a power of two: MAX_CANDIDATES, or fewer for a small vocabulary)."""
+    shape = launch_shape(rows, vocab, device)
+    shape["TILES"] = _next_power_of_two(-(-vocab // shape["TILE"]))
+    shape["CANDIDATES"] = min(MAX_CANDIDATES, max(16, _next_power_of_two(vocab)))
+    return shape
+
+
 def _grid(rows: int, shape: dict) -> tuple[int]:
     return (max(1, -(-rows // shape["ROWS"])),)
 
@@ -230,7 +243,8 @@ def verify_rows(
     bonus = torch.empty(batch, 1, dtype=torch.int64, device=device)
     if batch == 0:
         return first, recovered, bonus
-    shape = launch_shape(rows, vocab, device)
+    shape = verify_shape(rows, vocab, device)
+    candidates = torch.empty(rows, shape["CANDIDATES"], dtype=torch.int64, device=device)
     logits = logits.contiguous()
     words = bitmask.shape[-1] if bitmask is not None else 0
     relaxed = thinking is not None and relaxed_topk is not None
@@ -245,6 +259,7 @@ def verify_rows(
         draft.contiguous(),
         thinking.contiguous().view(torch.int8) if relaxed else first,
         draft_probs.contiguous() if draft_probs is not None else logits,
+        candidates,
         first,
         recovered,
         bonus,

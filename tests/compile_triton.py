@@ -69,22 +69,24 @@ def variants():
             if (relaxed and sampled) or (dtype != "fp32" and not (mask and min_p and (relaxed or sampled))):
                 continue
             signature = {"x_ptr": FLOATS[dtype], "m_ptr": "*i32" if mask else FLOATS[dtype], "t_ptr": "*fp32", "k_ptr": "*i64",
-                         "p_ptr": "*fp32", "mp_ptr": "*fp32", "seed_ptr": "*i64", "d_ptr": "*i64",
+                         "p_ptr": "*fp32", "mp_ptr": "*fp32", "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32", "d_ptr": "*i64",
                          "think_ptr": "*i8" if relaxed else "*i64", "q_ptr": "*fp32" if sampled else FLOATS[dtype],
                          "c_ptr": "*i64", "first_ptr": "*i64", "recovered_ptr": "*i64", "bonus_ptr": "*i64", "batch": "i32", "K": "i32",
                          "V": "i32", "W": "i32", "greedy_below": "fp32", "rtol": "fp32", "relaxed_k": "i32",
                          "relaxed_delta": "fp32"}
-            constexprs = dict(HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape, **whole[label])
+            constexprs = dict(HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, SEED_GIVEN=shared and not mask, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape, **whole[label])
             yield f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}", jit.verify_kernel, signature, constexprs
 
 
 #: Each kernel once, at the launch shape of a large vocabulary, with every code path of the whole-call
-#: kernel switched on (masks, min-p, sampled drafts; relaxed rows).
+#: kernel switched on (masks, min-p, sampled drafts; relaxed rows; a seed tensor, an int seed: shared
+#: without a mask).
 REPRESENTATIVE = (
     "weigh fp32 V=128256 min_p=True", "argmax bf16 V=128256", "scan bf16 V=128256", "relaxed fp32 V=128256",
     "draw bf16 V=128256 recovery=True",
     "verify bf16 V=128256 mask=True min_p=True shared=False relaxed=False sampled=True",
     "verify fp32 V=128256 mask=True min_p=True shared=True relaxed=True sampled=False",
+    "verify fp32 V=128256 mask=False min_p=True shared=True relaxed=False sampled=True",  # an int seed
 )
 
 

@@ -67,3 +67,11 @@ def test_passes_over_the_logits_stay_under_their_bound(bench_traffic, case, dtyp
     bound = BOUNDS[case][dtype == "bfloat16"]
     assert measured["passes"] <= bound, (case, dtype, measured["passes"], measured["kernels"])
     assert measured["gpu_launches"] == ["full", "triton:verify_kernel"], measured["gpu_launches"]
+
+
+@pytest.mark.parametrize("seed", [12345, -1, 2**64 - 1])
+def test_an_int_seed_makes_no_device_tensor(bench_traffic, seed):
+    """An int seed goes to the kernel as arguments: the call still launches one fill and one kernel."""
+    arguments = bench_traffic.logits_for(bench_traffic.CASES["argmax, temperature only"], 2, 4, 256, torch.float32)
+    arguments["seed"] = seed
+    assert bench_traffic.meter(arguments).gpu_launches() == ["full", "triton:verify_kernel"]

@@ -841,7 +841,7 @@ def walk_tiles(
     return tl.where(found, token, tl.maximum(last, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_low", "seed_high"])
 def verify_kernel(
     x_ptr,
     m_ptr,
@@ -850,6 +850,8 @@ def verify_kernel(
     p_ptr,
     mp_ptr,
     seed_ptr,
+    seed_low,
+    seed_high,
     d_ptr,
     think_ptr,
     q_ptr,
@@ -868,6 +870,7 @@ def verify_kernel(
     HAS_MASK: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
     SHARED_SEED: tl.constexpr,
+    SEED_GIVEN: tl.constexpr,
     HAS_RELAXED: tl.constexpr,
     SAMPLED: tl.constexpr,
     ROWS: tl.constexpr,
@@ -878,7 +881,8 @@ def verify_kernel(
 ):
     """A whole verifier call (SPEC §1-§5), one row per (request b, position j <= K), for checked arguments:
     logits [B*(K+1), V] (any float dtype, read as it is), grammar words [B*(K+1), W], per-request
-    parameters [B], seeds ([B], or one shared: row b uses s + b * ROW_STRIDE), drafts [B, K] (ids outside
+    parameters [B], seeds ([B], or one shared: row b uses s + b * ROW_STRIDE; SEED_GIVEN: the shared one
+    as arguments, its low and high 32 bits as int32), drafts [B, K] (ids outside
     [0, V) and everything after them are padding), thinking flags [B] (int8), draft probabilities
     [B, K, V] (SAMPLED), scratch for CANDIDATES candidates per row (int64 [B*(K+1), CANDIDATES]). Writes
     recovered [B, K], bonus [B] and first [B] (set to K before the launch: each rejection lowers it with
@@ -906,7 +910,10 @@ def verify_kernel(
     draft = tl.where(padded, -1, draft)
 
     # keys s_b + j
-    if SHARED_SEED:
+    if SEED_GIVEN:
+        given = (seed_high.to(tl.uint32).to(tl.uint64) << 32) | seed_low.to(tl.uint32).to(tl.uint64)
+        seed = given + b.to(tl.uint64) * ROW_STRIDE
+    elif SHARED_SEED:
         seed = tl.load(seed_ptr + b * 0, mask=valid, other=0).to(tl.uint64, bitcast=True) + b.to(tl.uint64) * ROW_STRIDE
     else:
         seed = tl.load(seed_ptr + b, mask=valid, other=0).to(tl.uint64, bitcast=True)

@@ -26,7 +26,6 @@ from .rng import (
     keyed_uniform_read,
     per_row_seeds,
     row_keys,
-    seed_tensor,
 )
 from .truncation import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
 from .verdicts import (
@@ -231,7 +230,7 @@ def stochastic_acceptance_sampler(
             top_k,
             top_p,
             min_p,
-            seed_tensor(seed, device),
+            seed,
             shared_seed,
             in_thinking_phase,
             relaxed_topk,

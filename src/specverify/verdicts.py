@@ -153,7 +153,7 @@ def whole_call_verdicts(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor | None,
-    seed: torch.Tensor,
+    seed: int | torch.Tensor,
     shared_seed: bool,
     in_thinking_phase: torch.Tensor | None,
     relaxed_topk: int | None,
@@ -164,7 +164,7 @@ def whole_call_verdicts(
     `kernels.backend_for(logits).runs_whole_calls`): the same verdicts as the functions above, the grammar
     mask, the padding of drafts that are not ids and the keys s_b + j all applied inside it.
     draft_tokens: int [B, K] as given; logits: [B, K+1, V];
-    bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: int64 [] shared or [B].
+    bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: an int or int64 [] shared, or int64 [B].
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     return kernels.verify_rows(
         draft_tokens,

@@ -68,9 +68,11 @@ def test_every_kernel_compiles_for_sm90_and_sm80(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_kernel_variant_compiles_for_sm90_and_sm80(tmp_path):
-    """Every dtype, flag combination and both launch-shape families."""
-    output = _compile(["90", "80"], tmp_path=tmp_path)
+def test_every_kernel_variant_compiles_for_sm90(tmp_path):
+    """Every dtype, both launch-shape families and the whole-call kernel's flags in pairs (compile_triton's
+    verify_flags), for Hopper (Ampere compiles the representative variants above: a variant of the whole-call
+    kernel takes about 20 s)."""
+    output = _compile(["90"], tmp_path=tmp_path)
     assert "kernel variants compiled" in output
 
 

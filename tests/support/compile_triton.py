@@ -1,7 +1,7 @@
 """Compile every Triton kernel of specverify for real GPU targets, without a GPU (run as a script, in a
 process where TRITON_INTERPRET is not set: the interpreter's kernels cannot be compiled).
 
-    python tests/support/compile_triton.py 90 80                     # every variant, for these compute capabilities
+    python tests/support/compile_triton.py 90 80                     # every variant (verify_flags), for these capabilities
     python tests/support/compile_triton.py 90 80 --representative    # each kernel once, every code path switched on
 
 Each kernel is compiled (to PTX and a cubin) from an `ASTSource` for `GPUTarget("cuda", cap, 32)` with
@@ -24,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from specverify.kernels.triton import jit, launch_shape
+from specverify.kernels.triton import jit, launch_shape, verify_shape
 
 FLOATS = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 CUDA = torch.device("cuda")
@@ -38,10 +38,45 @@ def _shape(rows: int, vocab: int, block: int | None = None, search: bool = True)
     return shape
 
 
+#: The flags of verify_kernel, in verify_flags' order: HAS_MASK, HAS_MIN_P, SHARED_SEED, HAS_RELAXED, SAMPLED
+#: (relaxed rows and sampled drafts never meet in one call).
+VERIFY_FLAGS = [flags for flags in itertools.product((False, True), repeat=5) if not (flags[3] and flags[4])]
+
+
+def pairwise_cover(combinations: list[tuple[bool, ...]], start: list[tuple[bool, ...]]) -> list[tuple[bool, ...]]:
+    """`start`, then a few more of the combinations, in which every two flags take every pair of values that
+    some combination gives them (a covering array of strength 2, completed greedily): the interactions of
+    two code paths that a compiler can reject, at a fraction of the full product's compile time."""
+
+    def pairs(flags):
+        return {(i, j, flags[i], flags[j]) for i, j in itertools.combinations(range(len(flags)), 2)}
+
+    needed, chosen = set().union(*map(pairs, combinations)).difference(*map(pairs, start)), list(start)
+    while needed:
+        best = max(combinations, key=lambda flags: len(needed & pairs(flags)))
+        chosen.append(best)
+        needed -= pairs(best)
+    return chosen
+
+
+def verify_flags(dtype: str) -> list[tuple[bool, ...]]:
+    """The flag combinations of verify_kernel compiled for logits of `dtype`: float32 a pairwise cover of
+    every combination from REPRESENTATIVE's two (one variant compiles in about 20 s: the full product of 24
+    would take most of an hour on two cores), 16-bit logits masked with min-p in relaxed rows and in sampled drafts (the paths
+    that read them) with a seed tensor."""
+    if dtype == "fp32":
+        return pairwise_cover(VERIFY_FLAGS, start=[(True, True, True, True, False), (False, True, True, False, True)])
+    return [(True, True, False, True, False), (True, True, False, False, True)]
+
+
 def variants():
-    """(name, kernel, signature, constexprs) for every variant the launchers can make (the whole-call kernel:
-    every flag combination for float32 logits, and float16 / bfloat16 logits with every path switched on)."""
+    """(name, kernel, signature, constexprs) for every variant the launchers can make, the whole-call kernel's
+    flags as verify_flags chooses them."""
     big, small = _shape(160, 128256, 1024), _shape(4096, 12, 12)
+    whole = {
+        label: {name: verify_shape(rows, vocab, CUDA)[name] for name in ("TILES", "CANDIDATES")}
+        for label, rows, vocab in (("V=128256", 160, 128256), ("V=12", 4096, 12))
+    }
     for dtype, (label, shape) in itertools.product(FLOATS, [("V=128256", big), ("V=12", small)]):
         for min_p in (False, True):
             signature = {
@@ -104,10 +139,7 @@ def variants():
                 signature,
                 dict(RECOVERY=recovery, **{k: v for k, v in shape.items() if k != "SEARCH"}),
             )
-        for mask, min_p, shared, relaxed, sampled in itertools.product((False, True), repeat=5):
-            # every flag combination with float32 logits; the 16-bit reads with every path switched on
-            if (relaxed and sampled) or (dtype != "fp32" and not (mask and min_p and (relaxed or sampled))):
-                continue
+        for mask, min_p, shared, relaxed, sampled in verify_flags(dtype):
             signature = {
                 "x_ptr": FLOATS[dtype],
                 "m_ptr": "*i32" if mask else FLOATS[dtype],
@@ -116,9 +148,12 @@ def variants():
                 "p_ptr": "*fp32",
                 "mp_ptr": "*fp32",
                 "seed_ptr": "*i64",
+                "seed_low": "i32",
+                "seed_high": "i32",
                 "d_ptr": "*i64",
                 "think_ptr": "*i8" if relaxed else "*i64",
                 "q_ptr": "*fp32" if sampled else FLOATS[dtype],
+                "c_ptr": "*i64",
                 "first_ptr": "*i64",
                 "recovered_ptr": "*i64",
                 "bonus_ptr": "*i64",
@@ -132,7 +167,14 @@ def variants():
                 "relaxed_delta": "fp32",
             }
             constexprs = dict(
-                HAS_MASK=mask, HAS_MIN_P=min_p, SHARED_SEED=shared, HAS_RELAXED=relaxed, SAMPLED=sampled, **shape
+                HAS_MASK=mask,
+                HAS_MIN_P=min_p,
+                SHARED_SEED=shared,
+                SEED_GIVEN=shared and not mask,
+                HAS_RELAXED=relaxed,
+                SAMPLED=sampled,
+                **shape,
+                **whole[label],
             )
             yield (
                 f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}",
@@ -143,7 +185,8 @@ def variants():
 
 
 #: Each kernel once, at the launch shape of a large vocabulary, with every code path of the whole-call
-#: kernel switched on (masks, min-p, sampled drafts; relaxed rows).
+#: kernel switched on (masks, min-p, sampled drafts; relaxed rows; a seed tensor, an int seed: shared
+#: without a mask).
 REPRESENTATIVE = (
     "weigh fp32 V=128256 min_p=True",
     "argmax bf16 V=128256",
@@ -152,6 +195,7 @@ REPRESENTATIVE = (
     "draw bf16 V=128256 recovery=True",
     "verify bf16 V=128256 mask=True min_p=True shared=False relaxed=False sampled=True",
     "verify fp32 V=128256 mask=True min_p=True shared=True relaxed=True sampled=False",
+    "verify fp32 V=128256 mask=False min_p=True shared=True relaxed=False sampled=True",  # an int seed
 )
 
 

@@ -1,9 +1,9 @@
 """Triton kernels for CUDA tensors (on CPU tensors they run under Triton's interpreter): the launchers.
 
 Each op of kernels/ is one launch here, with the same arguments and results as the native ones, and
-`verify_rows` runs a whole verifier call: with its output buffers made beforehand, one fill (first = K)
-and one kernel launch, no host read and no allocation whose size depends on data, so it can be captured
-in a CUDA graph. Tile shapes depend only on (rows, V) and the device: a large vocabulary runs one row per
+`verify_rows` runs a whole verifier call: with its output buffers and a candidate scratch of fixed size
+made beforehand, one fill (first = K) and one kernel launch (an int seed passed as kernel arguments), no
+host read and no allocation whose size depends on data, so it can be captured in a CUDA graph. Tile shapes depend only on (rows, V) and the device: a large vocabulary runs one row per
 program in tiles of 1024 columns (searches in tiles of 128 x 16 candidates); a small one many rows per
 program. Under the interpreter, whose cost is per operation and program, tiles are as large as V allows.
 """
@@ -55,6 +55,26 @@ def launch_shape(rows: int, vocab: int, device: torch.device, block: int | None 
     if not interpreted:
         shape["num_warps"] = 8 if per_program * tile >= 1024 else 4
     return shape
+
+
+#: The most candidates a truncating row of a whole call keeps for its kept set (verify_kernel's scratch).
+MAX_CANDIDATES = 1024
+
+
+def verify_shape(rows: int, vocab: int, device: torch.device) -> dict:
+    """launch_shape for verify_kernel, with TILES (tile sums per row, a power of two) and CANDIDATES (the
+    candidates' slots per row, a power of two: MAX_CANDIDATES, or fewer for a small vocabulary)."""
+    shape = launch_shape(rows, vocab, device)
+    shape["TILES"] = _next_power_of_two(-(-vocab // shape["TILE"]))
+    shape["CANDIDATES"] = min(MAX_CANDIDATES, max(16, _next_power_of_two(vocab)))
+    return shape
+
+
+def _int32_halves(value: int) -> tuple[int, int]:
+    """The low and high 32 bits of an int's 64-bit pattern, each as a signed int32 (one kernel signature)."""
+    bits = value & (1 << 64) - 1
+    low, high = bits & 0xFFFFFFFF, bits >> 32
+    return tuple(half - (1 << 32) if half >= 1 << 31 else half for half in (low, high))
 
 
 def _grid(rows: int, shape: dict) -> tuple[int]:
@@ -203,7 +223,7 @@ def verify_rows(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor | None,
-    seed: torch.Tensor,
+    seed: int | torch.Tensor,
     shared_seed: bool,
     thinking: torch.Tensor | None,
     relaxed_topk: int | None,
@@ -217,7 +237,8 @@ def verify_rows(
 
     draft: int [B, K] as given (ids outside [0, V) and all after them are padding); logits: float [B, K+1, V]
     (any float dtype); bitmask: int32 [B, K+1, ceil(V/32)] or None; temperature, top_k, top_p, min_p: [B];
-    seed: int64 [] shared (row b uses s + b * contract.ROW_STRIDE) or [B]; thinking: bool [B] or None with
+    seed: an int or int64 [] shared (row b uses s + b * contract.ROW_STRIDE; an int goes to the kernel as
+    arguments, no device tensor made) or int64 [B]; thinking: bool [B] or None with
     relaxed_topk and relaxed_delta; draft_probs: float [B, K, V] for sampled drafts, else None.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1]).
     """
@@ -230,10 +251,12 @@ def verify_rows(
     bonus = torch.empty(batch, 1, dtype=torch.int64, device=device)
     if batch == 0:
         return first, recovered, bonus
-    shape = launch_shape(rows, vocab, device)
+    shape = verify_shape(rows, vocab, device)
+    candidates = torch.empty(rows, shape["CANDIDATES"], dtype=torch.int64, device=device)
     logits = logits.contiguous()
     words = bitmask.shape[-1] if bitmask is not None else 0
     relaxed = thinking is not None and relaxed_topk is not None
+    given = isinstance(seed, int)
     jit.verify_kernel[_grid(rows, shape)](
         logits,
         logits if bitmask is None else bitmask.contiguous(),
@@ -241,10 +264,12 @@ def verify_rows(
         top_k.contiguous(),
         top_p.contiguous(),
         top_p if min_p is None else min_p.contiguous(),
-        seed.contiguous(),
+        first if given else seed.contiguous(),
+        *_int32_halves(seed if given else 0),
         draft.contiguous(),
         thinking.contiguous().view(torch.int8) if relaxed else first,
         draft_probs.contiguous() if draft_probs is not None else logits,
+        candidates,
         first,
         recovered,
         bonus,
@@ -259,6 +284,7 @@ def verify_rows(
         HAS_MASK=bitmask is not None,
         HAS_MIN_P=min_p is not None,
         SHARED_SEED=shared_seed,
+        SEED_GIVEN=given,
         HAS_RELAXED=relaxed,
         SAMPLED=draft_probs is not None,
         **shape,

@@ -7,9 +7,13 @@ position) of the logits, or of the weights the per-op kernels are given.
 
 Kept sets are found without sorting: a weight w = exp((x - max x) / T) lies in [0, 1], where float32 bit
 patterns order like the values, so the top-k and top-p thresholds are the largest bit pattern t whose
-tail {w >= t} reaches a count (k) or a mass (top_p of the row's), found by a radix search of 4 bits per
-level (8 levels, each one pass over the row testing 16 candidates at once). Ties are kept: the kept set is
+tail {w >= t} reaches a count (k) or a mass (top_p of the row's). Ties are kept: the kept set is
 {w >= t}. Sums run in float64. Draws are inverse-CDF walks in float64 in vocabulary order.
+A whole call (verify_kernel) reads a row about twice: pass 1 takes the max with per-tile sums and a
+histogram by depth below the running max; a second pass writes the few weights that can be kept to a
+per-row candidate buffer, where thresholds, mass and draw are finished; a walk reads only the tile its
+draw lands in. Where the candidates cannot decide (too many), the radix search of 4 bits per level
+(8 levels, each one pass testing 16 candidates at once) finds the thresholds, as weigh_kernel does.
 
 Keyed uniforms are rng.py's exactly: SplitMix64's finaliser on (s_b + j) and a per-stream salt, 53 bits.
 """
@@ -30,6 +34,13 @@ STREAM_TARGET = tl.constexpr(0)
 STREAM_ACCEPT = tl.constexpr(1)
 STREAM_RESIDUAL = tl.constexpr(2)
 RADIX = tl.constexpr(16)
+# the first pass's histogram: buckets of this many nats below the running top (the last one: deeper)
+BUCKETS = tl.constexpr(16)
+BUCKET_NATS = tl.constexpr(1.0)
+# how far above top_p of the row's approximate mass a histogram's depth must reach
+MASS_MARGIN = tl.constexpr(1e-4)
+# a tile walk reads a tile whose sum takes the running sum within this fraction of the target
+WALK_MARGIN = tl.constexpr(1e-9)
 # a column index above every real one
 PAST_END = tl.constexpr(1 << 62)
 
@@ -84,13 +95,18 @@ def row_max_argmax(x_ptr, row, valid, V, m_ptr, W, HAS_MASK: tl.constexpr, ROWS:
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
         x, inside = load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK)
-        x = tl.where(x == x, x, float("-inf"))
-        tile_max = tl.max(x, axis=1)
-        first = tl.min(tl.where((x == tile_max[:, None]) & inside, cols[None, :], PAST_END), axis=1)
-        better = tile_max > best
-        index = tl.where(better, first, index)
-        best = tl.where(better, tile_max, best)
+        best, index = max_argmax_update(x, inside, cols, best, index)
     return best, index
+
+
+@triton.jit
+def max_argmax_update(x, inside, cols, best, index):
+    """The running largest logit (NaN skipped) and its lowest index after one more tile -> (best, index)."""
+    x = tl.where(x == x, x, float("-inf"))
+    tile_max = tl.max(x, axis=1)
+    first = tl.min(tl.where((x == tile_max[:, None]) & inside, cols[None, :], PAST_END), axis=1)
+    better = tile_max > best
+    return tl.where(better, tile_max, best), tl.where(better, first, index)
 
 
 @triton.jit
@@ -223,31 +239,32 @@ def kept_weights(x_ptr, row, cols, valid, V, m_ptr, W, top, inverse, threshold, 
     """The kept weights of a tile, float32 [R, C]: w where its bits reach the threshold, else 0; greedy rows
     one-hot at their argmax `best`."""
     x, inside = load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK)
-    w = weights_of(x, top, inverse)
-    kept = tl.where(order_bits(w, inside) >= threshold[:, None], w, 0.0)
+    kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
     return tl.where(greedy[:, None], tl.where(cols[None, :] == best[:, None], 1.0, 0.0), kept)
 
 
 @triton.jit
-def walk_tile(terms, cols, target, before, token, found, last):
+def walk_tile(terms, columns, target, before, token, found, last):
     """One tile of an inverse-CDF walk: the first column whose running sum passes the target (only positive
-    terms count), and the last positive one as the fallback for rounding. terms: float32 [R, C];
-    before: float64 [R], the sum of earlier tiles -> (before, token, found, last) updated."""
+    terms count), and the last positive one as the fallback for rounding. terms: float32 [R, C] in
+    vocabulary order; columns: int64 [R, C] or [1, C], their columns; before: float64 [R], the sum of
+    earlier tiles -> (before, token, found, last) updated."""
     positive = terms > 0.0
     running = before[:, None] + tl.cumsum(terms.to(tl.float64), axis=1)
-    passes = tl.min(tl.where(positive & (running > target[:, None]), cols[None, :], PAST_END), axis=1)
+    passes = tl.min(tl.where(positive & (running > target[:, None]), columns, PAST_END), axis=1)
     token = tl.where(~found & (passes < PAST_END), passes, token)
     found = found | (passes < PAST_END)
-    last = tl.maximum(last, tl.max(tl.where(positive, cols[None, :], -1), axis=1))
+    last = tl.maximum(last, tl.max(tl.where(positive, columns, -1), axis=1))
     return before + tl.sum(terms.to(tl.float64), axis=1), token, found, last
 
 
 @triton.jit
-def residual_terms(kept, q, scale, cols, use_q, excluded):
+def residual_terms(kept, q, scale, columns, use_q, excluded):
     """What a recovery draws from (SPEC §3.2): max(0, kept * scale - q) where use_q, else kept without the
-    excluded column. kept, q: float32 [R, C]; scale: float32 [R] (1 / the kept mass)."""
+    excluded column. kept, q: float32 [R, C]; columns: int64 [R, C] or [1, C]; scale: float32 [R] (1 / the
+    kept mass)."""
     residual = tl.maximum(kept * scale[:, None] - q, 0.0)
-    without = tl.where(cols[None, :] == excluded[:, None], 0.0, kept)
+    without = tl.where(columns == excluded[:, None], 0.0, kept)
     return tl.where(use_q[:, None], residual, without)
 
 
@@ -414,7 +431,7 @@ def _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, ex
     terms = tl.load(w_ptr + weight_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
     if RECOVERY:
         q = tl.load(q_ptr + row[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-        terms = residual_terms(terms, q, scale, cols, use_q, excluded)
+        terms = residual_terms(terms, q, scale, cols[None, :], use_q, excluded)
     return terms
 
 
@@ -469,7 +486,7 @@ def draw_kernel(
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
         terms = _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, excluded, RECOVERY)
-        before, token, found, last = walk_tile(terms, cols, target, before, token, found, last)
+        before, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
     tl.store(out_ptr + row, tl.where(found, token, tl.maximum(last, 0)), mask=valid)
 
 
@@ -501,6 +518,330 @@ def relaxed_kernel(
 
 
 @triton.jit
+def first_pass(
+    x_ptr,
+    row,
+    valid,
+    V,
+    m_ptr,
+    W,
+    inverse,
+    plain,
+    sifted,
+    HAS_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """Pass 1 of verify_kernel, the only full read of most rows: the largest masked logit (NaN skipped, -inf
+    when none) and its lowest index, and the top of the weights (it, 0 where it is not finite). For `plain`
+    rows, the float64 sum of each tile's weights [R, TILES] taken with the top known at that tile, and
+    `since`: the first tile whose sum used the final top (the sums before it are stale). For `sifted` rows,
+    a histogram of the weights by depth below the running top (BUCKETS buckets of BUCKET_NATS; the last one
+    holds everything deeper, -inf and NaN logits none): counts and approximate masses, float32 [R, BUCKETS],
+    moved deeper by whole buckets as the top grows, so that no entry sits shallower than its final depth.
+    -> (largest, best, top, since, sums, counts, masses)."""
+    best = tl.full([ROWS], float("-inf"), tl.float32)
+    index = tl.zeros([ROWS], tl.int64)
+    top = tl.zeros([ROWS], tl.float32)
+    since = tl.zeros([ROWS], tl.int32)
+    slots = tl.arange(0, TILES)
+    sums = tl.zeros([ROWS, TILES], tl.float64)
+    buckets = tl.arange(0, BUCKETS)
+    counts = tl.zeros([ROWS, BUCKETS], tl.float32)
+    masses = tl.zeros([ROWS, BUCKETS], tl.float32)
+    any_plain = tl.max(plain.to(tl.int32), axis=0) > 0
+    any_sifted = tl.max(sifted.to(tl.int32), axis=0) > 0
+    for start in range(0, V, TILE):
+        cols = start + tl.arange(0, TILE).to(tl.int64)
+        tile = start // TILE
+        x, inside = load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK)
+        seen = best > float("-inf")
+        best, index = max_argmax_update(x, inside, cols, best, index)
+        now = tl.where(tl.abs(best) < float("inf"), best, 0.0)
+        w = weights_of(x, now, inverse)
+        if any_plain:
+            since = tl.where(now != top, tile, since)
+            sums = tl.where(slots[None, :] == tile, tl.sum(kept_of(w, inside, 0).to(tl.float64), axis=1)[:, None], sums)
+        if any_sifted:
+            grown = tl.where(sifted & seen, (now - top) * inverse, 0.0)
+            if tl.max(grown, axis=0) > 0:
+                shift = tl.minimum(tl.maximum(tl.ceil(grown / BUCKET_NATS), 0.0), BUCKETS).to(tl.int32)
+                moved = tl.minimum(buckets[None, :] + shift[:, None], BUCKETS - 1)[:, :, None] == buckets[None, None, :]
+                counts = tl.sum(tl.where(moved, counts[:, :, None], 0.0), axis=1)
+                masses = tl.sum(tl.where(moved, masses[:, :, None], 0.0), axis=1) * tl.exp(-grown)[:, None]
+            counted = sifted[:, None] & inside & (x > float("-inf"))
+            depth = tl.minimum(tl.maximum((now[:, None] - x) * inverse[:, None] / BUCKET_NATS, 0.0), BUCKETS - 1)
+            bucket = tl.where(counted, tl.floor(depth), -1.0).to(tl.int32)
+            hits = bucket[:, :, None] == buckets[None, None, :]
+            counts += tl.sum(hits.to(tl.float32), axis=1)
+            masses += tl.sum(tl.where(hits, w[:, :, None], 0.0), axis=1)
+        top = now
+    return best, index, top, since, sums, counts, masses
+
+
+@triton.jit
+def kept_of(w, inside, threshold):
+    """Weights [R, C] whose bits reach the threshold (int64, [R] or a number), 0 for the others (NaN too)."""
+    return tl.where(order_bits(w, inside) >= threshold, w, 0.0)
+
+
+@triton.jit
+def tile_sums(
+    x_ptr,
+    row,
+    active,
+    V,
+    m_ptr,
+    W,
+    top,
+    inverse,
+    threshold,
+    upto,
+    sums,
+    HAS_MASK: tl.constexpr,
+    TILE: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """The float64 sum of the kept weights (bits >= threshold [R]) of each tile t < upto [R] of `active`
+    rows, written into their slots of sums [R, TILES] (the others kept) -> sums."""
+    slots = tl.arange(0, TILES)
+    for start in range(0, tl.max(tl.where(active, upto, 0), axis=0) * TILE, TILE):
+        cols = start + tl.arange(0, TILE).to(tl.int64)
+        tile = start // TILE
+        summed = active & (tile < upto)
+        x, inside = load_logits(x_ptr, row, cols, summed, V, m_ptr, W, HAS_MASK)
+        kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
+        sums = tl.where(summed[:, None] & (slots[None, :] == tile), tl.sum(kept.to(tl.float64), axis=1)[:, None], sums)
+    return sums
+
+
+@triton.jit
+def in_order(sums, V, ROWS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr):
+    """The float64 total of tile sums [R, TILES], added tile after tile as a walk adds them -> [R]."""
+    slots = tl.arange(0, TILES)
+    total = tl.zeros([ROWS], tl.float64)
+    for start in range(0, V, TILE):
+        total += tl.sum(tl.where(slots[None, :] == start // TILE, sums, 0.0), axis=1)
+    return total
+
+
+@triton.jit
+def candidate_bound(counts, masses, top_k, top_p, limited, nucleus, floor):
+    """Where a sifted row's candidates start, as weight bits [R] (at least 1: never a zero weight): the edge
+    of the first histogram bucket whose cumulative count reaches top_k (top-k rows), else whose cumulative
+    mass reaches top_p of the row's with a margin (top-p rows); raised to min-p's bits `floor` unless both
+    top-k and top-p apply; 1 (every positive weight) where no bucket but the last one reaches. Also how
+    many candidates there are at least by the histogram (0 where min-p raised the bound) ->
+    (bound int64 [R], float32 [R])."""
+    buckets = tl.arange(0, BUCKETS)
+    above = tl.cumsum(counts, axis=1)
+    by_count = above >= top_k.to(tl.float32)[:, None]
+    by_mass = tl.cumsum(masses, axis=1) >= (top_p * (1.0 + MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
+    reaches = tl.where(limited[:, None], by_count, nucleus[:, None] & by_mass)
+    depth = tl.min(tl.where(reaches, buckets[None, :], BUCKETS - 1), axis=1)
+    edge = tl.exp(-(depth + 1).to(tl.float32) * BUCKET_NATS).to(tl.int32, bitcast=True).to(tl.int64)
+    bound = tl.maximum(tl.where(depth < BUCKETS - 1, edge, 1), 1)
+    raised = tl.where(limited & nucleus, bound, tl.maximum(bound, floor))
+    at_least = tl.sum(tl.where(buckets[None, :] == depth[:, None], above, 0.0), axis=1)
+    return raised, tl.where(raised == bound, at_least, 0.0)
+
+
+@triton.jit
+def compact(
+    x_ptr,
+    row,
+    sifted,
+    V,
+    m_ptr,
+    W,
+    top,
+    inverse,
+    bound,
+    c_ptr,
+    HAS_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    CANDIDATES: tl.constexpr,
+):
+    """Pass 2 of verify_kernel, for sifted rows: the float64 sum of their exact weights (NaN left out), the
+    count of positive ones, and every column whose weight bits reach `bound` [R], written in vocabulary
+    order to the row's CANDIDATES slots of c_ptr as (bits << 32) | column -> (mass, positives, count);
+    a count above CANDIDATES: they did not all fit (the first CANDIDATES are written)."""
+    mass = tl.zeros([ROWS], tl.float64)
+    positives = tl.zeros([ROWS], tl.int32)
+    count = tl.zeros([ROWS], tl.int32)
+    if tl.max(sifted.to(tl.int32), axis=0) > 0:
+        for start in range(0, V, TILE):
+            cols = start + tl.arange(0, TILE).to(tl.int64)
+            x, inside = load_logits(x_ptr, row, cols, sifted, V, m_ptr, W, HAS_MASK)
+            w = weights_of(x, top, inverse)
+            keys = order_bits(w, inside)
+            mass += tl.sum(tl.where(keys >= 0, w, 0.0).to(tl.float64), axis=1)
+            positives += tl.sum((keys > 0).to(tl.int32), axis=1)
+            chosen = keys >= bound[:, None]
+            at = count[:, None] + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
+            tl.store(
+                c_ptr + row[:, None] * CANDIDATES + at, (keys << 32) | cols[None, :], mask=chosen & (at < CANDIDATES)
+            )
+            count += tl.sum(chosen.to(tl.int32), axis=1)
+    return mass, positives, count
+
+
+@triton.jit
+def resolve_candidates(
+    c_ptr,
+    row,
+    sifted,
+    count,
+    positives,
+    mass,
+    top_k,
+    top_p,
+    floor,
+    rtol,
+    limited,
+    nucleus,
+    bound,
+    CANDIDATES: tl.constexpr,
+):
+    """SPEC §2 steps 3-5 on a sifted row's candidates (compact's), where they decide it: the kept set's
+    threshold (int64 bits [R], keeping the set kept_threshold keeps), whether the candidates decide it
+    (`resolved`: they all fit, every value the threshold depends on is among them, and so is every weight
+    that reaches it), and the candidates' kept weights (float32 [R, CANDIDATES], 0 for the others and past
+    the count) with their columns (int64 [R, CANDIDATES]). mass: the row's (compact's) ->
+    (threshold, resolved, kept, columns)."""
+    slots = tl.arange(0, CANDIDATES)
+    fits = sifted & (count <= CANDIDATES)
+    held = fits[:, None] & (slots[None, :] < count[:, None])
+    packed = tl.load(c_ptr + row[:, None] * CANDIDATES + slots[None, :], mask=held, other=-1)
+    keys = tl.where(held, packed >> 32, -1)
+    weights = tl.where(held, keys.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    every = fits & (count == positives)  # every positive weight is a candidate
+    # top-k: the k-th largest weight, where it is a candidate
+    kth_here = limited & (count.to(tl.int64) >= top_k)
+    ones = tl.where(held, 1.0, 0.0).to(tl.float64)
+    kth = search_candidates(keys, ones, tl.zeros_like(top_k), top_k.to(tl.float64), kth_here)
+    # top-p on the top-k-renormalised row: the largest weight whose tail reaches the target
+    amounts = tl.where(keys >= kth[:, None], weights, 0.0).to(tl.float64)
+    mass = tl.where(kth_here, tl.sum(amounts, axis=1), mass)
+    target = top_p.to(tl.float64) * mass * (1.0 - rtol)
+    nucleus_here = nucleus & (tl.sum(amounts, axis=1) >= target)
+    threshold = tl.maximum(kth, search_candidates(keys, amounts, kth, target, nucleus_here))
+    threshold = tl.maximum(threshold, floor)
+    # an unknown k-th weight lies below the candidates and leaves top-p unknown; an unknown nucleus lies below them
+    known = ~limited | kth_here | every | ~nucleus
+    resolved = fits & known & ((threshold >= bound) | every)
+    return threshold, resolved, tl.where(keys >= threshold[:, None], weights, 0.0), packed & 0xFFFFFFFF
+
+
+@triton.jit
+def search_candidates(keys, amounts, floor, target, active):
+    """search_threshold over candidates held in registers: keys int64 [R, C] (-1: no candidate), amounts
+    float64 [R, C] (1 each: a count) -> int64 bits [R], the largest t such that the amounts of
+    {keys >= t, keys >= floor [R]} reach the target [R]; 0 where even all of them fall short, and for rows
+    not active."""
+    prefix = tl.zeros_like(floor)
+    digits = tl.arange(0, RADIX).to(tl.int64)
+    counted = tl.where(keys >= floor[:, None], amounts, 0.0)
+    for level in tl.static_range(8):
+        shift = 28 - 4 * level
+        candidates = prefix[:, None] + (digits[None, :] << shift)  # [R, RADIX]
+        tail = tl.sum(tl.where(keys[:, :, None] >= candidates[:, None, :], counted[:, :, None], 0.0), axis=1)
+        prefix = prefix + (tl.max(tl.where(tail >= target[:, None], digits[None, :], 0), axis=1) << shift)
+    return tl.where(active, prefix, 0)
+
+
+@triton.jit
+def residual_tile_sums(
+    x_ptr,
+    row,
+    judged,
+    V,
+    m_ptr,
+    W,
+    top,
+    inverse,
+    threshold,
+    q_ptr,
+    q_row,
+    scale,
+    use_q,
+    excluded,
+    HAS_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """Per tile of `judged` rows, the float64 sums of the recovery's terms (residual_terms) and of the kept
+    weights without the excluded column -> (residual sums, without sums), float64 [R, TILES]."""
+    slots = tl.arange(0, TILES)
+    residual = tl.zeros([ROWS, TILES], tl.float64)
+    without = tl.zeros([ROWS, TILES], tl.float64)
+    for start in range(0, V, TILE):
+        cols = start + tl.arange(0, TILE).to(tl.int64)
+        at = slots[None, :] == start // TILE
+        x, inside = load_logits(x_ptr, row, cols, judged, V, m_ptr, W, HAS_MASK)
+        kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
+        q = tl.load(q_ptr + q_row[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+        terms = residual_terms(kept, q, scale, cols[None, :], use_q, excluded)
+        residual = tl.where(at, tl.sum(terms.to(tl.float64), axis=1)[:, None], residual)
+        kept = tl.where(cols[None, :] == excluded[:, None], 0.0, kept)
+        without = tl.where(at, tl.sum(kept.to(tl.float64), axis=1)[:, None], without)
+    return residual, without
+
+
+@triton.jit
+def walk_tiles(
+    x_ptr,
+    row,
+    walking,
+    V,
+    m_ptr,
+    W,
+    top,
+    inverse,
+    threshold,
+    sums,
+    target,
+    q_ptr,
+    q_row,
+    judged,
+    scale,
+    use_q,
+    excluded,
+    HAS_MASK: tl.constexpr,
+    SAMPLED: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """The inverse-CDF walk over the kept weights (SAMPLED: the recovery's terms for judged rows) of
+    `walking` rows, tile after tile as a walk over every tile, but reading a tile only where its sum (sums
+    [R, TILES], the sums of those terms) can take the running sum past the target: within WALK_MARGIN,
+    far above the rounding of a tile's sums, so it stops where the full walk would -> int64 [R]."""
+    slots = tl.arange(0, TILES)
+    before = tl.zeros([ROWS], tl.float64)
+    token = tl.zeros([ROWS], tl.int64)
+    found = row < 0
+    last = tl.full([ROWS], -1, tl.int64)
+    for start in range(0, V, TILE):
+        cols = start + tl.arange(0, TILE).to(tl.int64)
+        tile_sum = tl.sum(tl.where(slots[None, :] == start // TILE, sums, 0.0), axis=1)
+        read = walking & ~found & (tile_sum > 0) & ~(before + tile_sum < target * (1.0 - WALK_MARGIN))
+        x, inside = load_logits(x_ptr, row, cols, read, V, m_ptr, W, HAS_MASK)
+        terms = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
+        if SAMPLED:
+            q = tl.load(
+                q_ptr + q_row[:, None] * V + cols[None, :], mask=(read & judged)[:, None] & inside, other=0.0
+            ).to(tl.float32)
+            terms = residual_terms(terms, q, scale, cols[None, :], use_q, excluded)
+        _, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
+        before = before + tile_sum
+    return tl.where(found, token, tl.maximum(last, 0))
+
+
+@triton.jit(do_not_specialize=["seed_low", "seed_high"])
 def verify_kernel(
     x_ptr,
     m_ptr,
@@ -509,9 +850,12 @@ def verify_kernel(
     p_ptr,
     mp_ptr,
     seed_ptr,
+    seed_low,
+    seed_high,
     d_ptr,
     think_ptr,
     q_ptr,
+    c_ptr,
     first_ptr,
     recovered_ptr,
     bonus_ptr,
@@ -526,18 +870,30 @@ def verify_kernel(
     HAS_MASK: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
     SHARED_SEED: tl.constexpr,
+    SEED_GIVEN: tl.constexpr,
     HAS_RELAXED: tl.constexpr,
     SAMPLED: tl.constexpr,
     ROWS: tl.constexpr,
     TILE: tl.constexpr,
     SEARCH: tl.constexpr,
+    TILES: tl.constexpr,
+    CANDIDATES: tl.constexpr,
 ):
     """A whole verifier call (SPEC §1-§5), one row per (request b, position j <= K), for checked arguments:
     logits [B*(K+1), V] (any float dtype, read as it is), grammar words [B*(K+1), W], per-request
-    parameters [B], seeds ([B], or one shared: row b uses s + b * ROW_STRIDE), drafts [B, K] (ids outside
+    parameters [B], seeds ([B], or one shared: row b uses s + b * ROW_STRIDE; SEED_GIVEN: the shared one
+    as arguments, its low and high 32 bits as int32), drafts [B, K] (ids outside
     [0, V) and everything after them are padding), thinking flags [B] (int8), draft probabilities
-    [B, K, V] (SAMPLED). Writes recovered [B, K], bonus [B] and first [B] (set to K before the launch:
-    each rejection lowers it with an atomic min)."""
+    [B, K, V] (SAMPLED), scratch for CANDIDATES candidates per row (int64 [B*(K+1), CANDIDATES]). Writes
+    recovered [B, K], bonus [B] and first [B] (set to K before the launch: each rejection lowers it with
+    an atomic min).
+
+    Reads: pass 1 (first_pass) for every row; rows without truncation then re-read the tiles before their
+    maximum's (their sums were stale) and walk only the tile their draw lands in; truncating rows read once
+    more (compact) and finish on their candidates; where those do not decide the kept set (too many, or a
+    row whose largest logit is not finite) the radix search of kept_threshold runs, then the tile walk.
+    Sampled drafts read q at the draft, and over the candidates or (rows walked by tiles) one more pass of
+    logits and q for the residual's mass."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     per_request = K + 1
     valid = row < batch * per_request
@@ -554,15 +910,18 @@ def verify_kernel(
     draft = tl.where(padded, -1, draft)
 
     # keys s_b + j
-    if SHARED_SEED:
+    if SEED_GIVEN:
+        given = (seed_high.to(tl.uint32).to(tl.uint64) << 32) | seed_low.to(tl.uint32).to(tl.uint64)
+        seed = given + b.to(tl.uint64) * ROW_STRIDE
+    elif SHARED_SEED:
         seed = tl.load(seed_ptr + b * 0, mask=valid, other=0).to(tl.uint64, bitcast=True) + b.to(tl.uint64) * ROW_STRIDE
     else:
         seed = tl.load(seed_ptr + b, mask=valid, other=0).to(tl.uint64, bitcast=True)
     key = seed + j.to(tl.uint64)
 
-    largest, best, top, inverse, greedy = _row_setup(
-        x_ptr, row, valid, V, m_ptr, W, t_ptr, b, greedy_below, HAS_MASK, ROWS, TILE
-    )
+    temperature = tl.load(t_ptr + b, mask=valid, other=1.0).to(tl.float32)
+    greedy = temperature < greedy_below
+    inverse = tl.where(greedy, 1.0, tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.where(greedy, 1.0, temperature)))
     relaxed = row < 0
     if HAS_RELAXED:
         relaxed = drafted & ~greedy & (tl.load(think_ptr + b, mask=valid, other=0) != 0)
@@ -570,35 +929,60 @@ def verify_kernel(
     top_k = tl.load(k_ptr + b, mask=valid, other=0).to(tl.int64)
     top_p = tl.load(p_ptr + b, mask=valid, other=1.0).to(tl.float32)
     min_p = tl.zeros([ROWS], tl.float32)
+    floor = tl.zeros([ROWS], tl.int64)
     if HAS_MIN_P:
         min_p = tl.load(mp_ptr + b, mask=valid, other=0.0).to(tl.float32)
-    threshold = kept_threshold(
-        x_ptr,
-        row,
-        valid,
-        V,
-        m_ptr,
-        W,
-        top,
-        inverse,
-        top_k,
-        top_p,
-        min_p,
-        rtol,
-        sampled_rows,
-        HAS_MASK,
-        HAS_MIN_P,
-        ROWS,
-        SEARCH,
+        floor = (min_p * (1.0 - rtol)).to(tl.int32, bitcast=True).to(tl.int64)
+    limited = sampled_rows & (top_k > 0) & (top_k < V)
+    nucleus = sampled_rows & (top_p < 1.0)
+    truncating = limited | nucleus | (sampled_rows & (floor > 0))
+    plain = sampled_rows & ~truncating
+
+    # the kept set and its mass: rows without truncation by their tile sums, truncating ones on candidates
+    largest, best, top, since, sums, counts, masses = first_pass(
+        x_ptr, row, valid, V, m_ptr, W, inverse, plain, truncating, HAS_MASK, ROWS, TILE, TILES
     )
-    mass = tl.zeros([ROWS], tl.float64)
-    if tl.max(sampled_rows.to(tl.int32), axis=0) > 0:
-        for start in range(0, V, TILE):
-            cols = start + tl.arange(0, TILE).to(tl.int64)
-            kept = kept_weights(
-                x_ptr, row, cols, valid & sampled_rows, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK
-            )
-            mass += tl.sum(kept.to(tl.float64), axis=1)
+    zero = tl.zeros([ROWS], tl.int64)
+    sums = tile_sums(x_ptr, row, plain, V, m_ptr, W, top, inverse, zero, since, sums, HAS_MASK, TILE, TILES)
+    bound, at_least = candidate_bound(counts, masses, top_k, top_p, limited, nucleus, floor)
+    sifted = truncating & (tl.abs(largest) < float("inf")) & (at_least <= CANDIDATES)
+    row_mass, positives, count = compact(
+        x_ptr, row, sifted, V, m_ptr, W, top, inverse, bound, c_ptr, HAS_MASK, ROWS, TILE, CANDIDATES
+    )
+    tl.debug_barrier()  # the candidates written above are read back by other threads of the program
+    threshold, resolved, candidates, columns = resolve_candidates(
+        c_ptr, row, sifted, count, positives, row_mass, top_k, top_p, floor, rtol, limited, nucleus, bound, CANDIDATES
+    )
+    listed = sifted & resolved
+    tiled = sampled_rows & ~listed
+    searched = truncating & ~listed
+    threshold = tl.where(listed, threshold, 0)
+    if tl.max(searched.to(tl.int32), axis=0) > 0:
+        found_threshold = kept_threshold(
+            x_ptr,
+            row,
+            valid,
+            V,
+            m_ptr,
+            W,
+            top,
+            inverse,
+            top_k,
+            top_p,
+            min_p,
+            rtol,
+            searched,
+            HAS_MASK,
+            HAS_MIN_P,
+            ROWS,
+            SEARCH,
+        )
+        threshold = tl.where(searched, found_threshold, threshold)
+        every_tile = tl.full([ROWS], (V + TILE - 1) // TILE, tl.int32)
+        sums = tile_sums(
+            x_ptr, row, searched, V, m_ptr, W, top, inverse, threshold, every_tile, sums, HAS_MASK, TILE, TILES
+        )
+    mass = tl.where(listed, tl.sum(candidates.to(tl.float64), axis=1), in_order(sums, V, ROWS, TILE, TILES))
 
     # what each row draws from: p~ with the target stream, or (sampled drafts) the recovery
     uniform = keyed_uniform(key, STREAM_TARGET)
@@ -608,8 +992,9 @@ def verify_kernel(
     use_q = row < 0
     excluded = tl.full([ROWS], -1, tl.int64)
     q_row = b * K + j
+    judged = sampled_rows & (j < K)
+    listed_q = tl.zeros_like(candidates)
     if SAMPLED:
-        judged = sampled_rows & (j < K)
         x_draft = load_logit_at(x_ptr, row, draft, judged, V, m_ptr, W, HAS_MASK)
         w_draft = tl.exp((x_draft - top) * inverse)
         w_draft = tl.where(order_bits(w_draft, judged) >= threshold, w_draft, 0.0)
@@ -627,43 +1012,78 @@ def verify_kernel(
         excluded = tl.where(present & blind, draft, -1)
         scale = tl.where(judged, (1.0 / tl.where(mass > 0, mass, 1.0)).to(tl.float32), 0.0)
         uniform = tl.where(judged, keyed_uniform(key, STREAM_RESIDUAL), uniform)
-        residual = tl.zeros([ROWS], tl.float64)
-        without = tl.zeros([ROWS], tl.float64)
-        if tl.max(judged.to(tl.int32), axis=0) > 0:
-            for start in range(0, V, TILE):
-                cols = start + tl.arange(0, TILE).to(tl.int64)
-                kept = kept_weights(
-                    x_ptr, row, cols, valid & judged, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK
-                )
-                q = tl.load(
-                    q_ptr + q_row[:, None] * V + cols[None, :], mask=judged[:, None] & (cols[None, :] < V), other=0.0
-                ).to(tl.float32)
-                residual += tl.sum(residual_terms(kept, q, scale, cols, use_q, excluded).to(tl.float64), axis=1)
-                without += tl.sum(tl.where(cols[None, :] == excluded[:, None], 0.0, kept).to(tl.float64), axis=1)
+        # the residual's mass (q read where p~ is not 0: elsewhere the residual is 0)
+        listed_q = tl.load(
+            q_ptr + q_row[:, None] * V + columns, mask=(listed & judged)[:, None] & (candidates > 0), other=0.0
+        ).to(tl.float32)
+        terms = residual_terms(candidates, listed_q, scale, columns, use_q, excluded)
+        residual = tl.sum(terms.to(tl.float64), axis=1)
+        without = tl.sum(tl.where(columns == excluded[:, None], 0.0, candidates).to(tl.float64), axis=1)
+        residual_sums = sums
+        without_sums = sums
+        walked = judged & tiled
+        if tl.max(walked.to(tl.int32), axis=0) > 0:
+            residual_sums, without_sums = residual_tile_sums(
+                x_ptr,
+                row,
+                walked,
+                V,
+                m_ptr,
+                W,
+                top,
+                inverse,
+                threshold,
+                q_ptr,
+                q_row,
+                scale,
+                use_q,
+                excluded,
+                HAS_MASK,
+                ROWS,
+                TILE,
+                TILES,
+            )
+            residual = tl.where(walked, in_order(residual_sums, V, ROWS, TILE, TILES), residual)
+            without = tl.where(walked, in_order(without_sums, V, ROWS, TILE, TILES), without)
         use_q = use_q & (residual > 0)
+        sums = tl.where(walked[:, None], tl.where(use_q[:, None], residual_sums, without_sums), sums)
         total = tl.where(judged, tl.where(use_q, residual, without), mass)
 
     # the draw (not for greedy rows: their token is the argmax; nor relaxed positions: their top-1)
     target = uniform * total
-    before = tl.zeros([ROWS], tl.float64)
-    token = tl.zeros([ROWS], tl.int64)
-    found = row < 0
-    last = tl.full([ROWS], -1, tl.int64)
-    if tl.max(sampled_rows.to(tl.int32), axis=0) > 0:
-        for start in range(0, V, TILE):
-            cols = start + tl.arange(0, TILE).to(tl.int64)
-            kept = kept_weights(
-                x_ptr, row, cols, valid & sampled_rows, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK
-            )
-            if SAMPLED:
-                q = tl.load(
-                    q_ptr + q_row[:, None] * V + cols[None, :],
-                    mask=(sampled_rows & (j < K))[:, None] & (cols[None, :] < V),
-                    other=0.0,
-                ).to(tl.float32)
-                kept = residual_terms(kept, q, scale, cols, use_q, excluded)
-            before, token, found, last = walk_tile(kept, cols, target, before, token, found, last)
-    drawn = tl.where(found, token, tl.maximum(last, 0))
+    drawn = tl.zeros([ROWS], tl.int64)
+    if tl.max(tiled.to(tl.int32), axis=0) > 0:
+        drawn = walk_tiles(
+            x_ptr,
+            row,
+            tiled,
+            V,
+            m_ptr,
+            W,
+            top,
+            inverse,
+            threshold,
+            sums,
+            target,
+            q_ptr,
+            q_row,
+            judged,
+            scale,
+            use_q,
+            excluded,
+            HAS_MASK,
+            SAMPLED,
+            ROWS,
+            TILE,
+            TILES,
+        )
+    if tl.max(listed.to(tl.int32), axis=0) > 0:
+        terms = candidates
+        if SAMPLED:
+            terms = residual_terms(candidates, listed_q, scale, columns, use_q, excluded)
+        nothing = tl.zeros([ROWS], tl.float64)
+        _, token, found, last = walk_tile(terms, columns, target, nothing, zero, row < 0, zero - 1)
+        drawn = tl.where(listed, tl.where(found, token, tl.maximum(last, 0)), drawn)
 
     if SAMPLED:
         committed = tl.where(accepted, draft, drawn)

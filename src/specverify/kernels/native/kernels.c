@@ -559,7 +559,7 @@ static inline double residual_block_sums(const float *w, const float *q, int64_t
  * The same float lanes and double additions, in the same order, as the dense sums of keep_at_least and
  * residual_block_sums (a token that is not held adds +0 to its lane there, which changes no sum), so the
  * sums are bit for bit those of the dense row. Writes sums[ceil(n / block)]; returns their total. */
-static double kept_block_sums(const int32_t *ids, const float *w, const float *q, float scale, int64_t count, int64_t n,
+static inline double kept_block_sums(const int32_t *ids, const float *w, const float *q, float scale, int64_t count, int64_t n,
                               int64_t block, double *sums) {
     const int64_t blocks = (n + block - 1) / block;
     double total = 0.0;
@@ -586,7 +586,7 @@ static double kept_block_sums(const int32_t *ids, const float *w, const float *q
  * sparse (w and q [count] at the tokens ids[count], ascending; the residual of a token not held is
  * max(0, -q) = 0), with their block sums weight_sums, their total mass, the draft token d and the
  * position's mode; sums: room for ceil(n / block) doubles. */
-static int64_t recover(const float *w, const int32_t *ids, int64_t count, const float *q, const double *weight_sums,
+CLONES static int64_t recover(const float *w, const int32_t *ids, int64_t count, const float *q, const double *weight_sums,
                        double mass, int64_t d, int32_t mode, double uniform, int64_t n, int64_t block, double *sums) {
     const int64_t blocks = (n + block - 1) / block;
     const float scale = (float)(1.0 / mass);
@@ -652,7 +652,7 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
  * ids[] and weights in kept[] (at most `capacity`: room for n in both), or -1 where the row was weighed
  * densely into row[n] (weigh_dense; x may be row). Writes the block sums to sums[ceil(n / block)], bit for
  * bit those of the dense row. scratch: room for n + ceil(n / CHUNK) values. */
-static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
+CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
                           const float *min_p, double rtol, int64_t block, int64_t capacity, float *row, float *scratch,
                           int32_t *ids, float *kept, double *sums) {
     const int64_t blocks = (n + block - 1) / block;

@@ -10,6 +10,13 @@
  * or batch layout. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
  * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may
  * be float32, bfloat16 or float16, converted exactly a row at a time.
+ *
+ * The verifier's chain calls go through draw_rows instead, which never writes the weights out: each row
+ * is weighed (weigh_kept: a greedy row's argmax alone; a top-k row from its k largest raw logits, only the
+ * candidates near the k-th exponentiated, held as a short list of (id, weight); any other row densely in
+ * a buffer of the thread's, in cache) and drawn at once with its keyed uniform, so that the logits are
+ * read about once. Sampled mode keeps each drafted position's weights for recover_kept_rows (the short
+ * list, or the dense row where the kept set is large). Every path gives the bits of the dense one.
  */
 #include <stdint.h>
 #include <string.h>
@@ -65,8 +72,8 @@ static inline const float *float_row(const void *matrix, int dtype, int64_t r, i
 }
 
 /* Four float lanes as one vector (GCC/Clang vector extensions: one SSE or NEON register; wider vectors
- * are lowered badly where the target lacks them, so loops keep two of them in flight), for the loops the
- * compiler does not vectorise by itself: NaN-skipping max and argmax. */
+ * are lowered badly where the target lacks them, so loops keep several of them in flight), for the loops
+ * the compiler does not vectorise by itself: NaN-skipping max and argmax. */
 #define LANES 4
 typedef float floats4 __attribute__((vector_size(4 * LANES)));
 typedef int32_t ints4 __attribute__((vector_size(4 * LANES)));
@@ -184,26 +191,29 @@ static inline void offer(float value, int64_t k, float *heap) {
     }
 }
 
+/* The largest value of each chunk of CHUNK values of the row (the last one may be partial), NaN skipped,
+ * written to chunk_top[ceil(n / CHUNK)]. */
+static inline void chunk_maxima(const float *row, int64_t n, float *chunk_top) {
+    int64_t i = 0, chunk = 0;
+    for (; i + CHUNK <= n; i += CHUNK) chunk_top[chunk++] = chunk_max(row + i);
+    float top = -INFINITY;
+    for (; i < n; i++) top = row[i] > top ? row[i] : top;
+    if (n % CHUNK) chunk_top[chunk] = top;
+}
+
 /* The k largest values of the row (weights or raw logits; NaN never enters), left in heap[0..k) (a
- * min-heap: heap[0] is the k-th largest; slots no value reached hold -inf). Chunks of CHUNK values none
- * of which beats the k-th so far (most of them, once the heap has filled) are skipped after one
- * vectorised max; that max of every chunk (the last, partial one too) goes to chunk_top[ceil(n / CHUNK)]
- * unless it is NULL, so that a later pass can skip chunks by it. */
-static inline void largest_k(const float *row, int64_t n, int64_t k, float *heap, float *chunk_top) {
-    for (int64_t i = 0; i < k; i++) heap[i] = -INFINITY;
+ * min-heap: heap[0] is the k-th largest). The slots start at `floor`, -inf or a value that at least k of
+ * the row's values reach (the k largest are then exactly the values above it and copies of it). Chunks
+ * of CHUNK values none of which beats the k-th so far (most of them, once the heap has filled) are
+ * skipped after one vectorised max, or by their maxima chunk_top (chunk_maxima) where given. */
+static inline void largest_k(const float *row, int64_t n, int64_t k, float floor, const float *chunk_top, float *heap) {
+    for (int64_t i = 0; i < k; i++) heap[i] = floor;
     int64_t i = 0, chunk = 0;
     for (; i + CHUNK <= n; i += CHUNK, chunk++) {
-        const float top = chunk_max(row + i);
-        if (chunk_top) chunk_top[chunk] = top;
-        if (!(top > heap[0])) continue;
+        if (!((chunk_top ? chunk_top[chunk] : chunk_max(row + i)) > heap[0])) continue;
         for (int64_t j = i; j < i + CHUNK; j++) offer(row[j], k, heap);
     }
-    float top = -INFINITY;
-    for (; i < n; i++) {
-        offer(row[i], k, heap);
-        top = row[i] > top ? row[i] : top;
-    }
-    if (chunk_top && n % CHUNK) chunk_top[chunk] = top;
+    for (; i < n; i++) offer(row[i], k, heap);
 }
 
 static int descending(const void *a, const void *b) {
@@ -236,7 +246,7 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
     if (limited && k <= HEAP_LIMIT) {
-        largest_k(row, n, k, scratch, NULL);
+        largest_k(row, n, k, -INFINITY, NULL, scratch);
         const float kth = scratch[0];
         if (top_p >= 1.0f) return kth;
         int64_t at_least = 0; /* more than k when values tie with the k-th beyond the heap */
@@ -645,10 +655,11 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
 
 /* One row's truncated weights as weigh_rows makes them, held sparsely where that can be done without a
  * pass of exp over the row: a greedy row is one-hot at its argmax, and a row with 0 < k <= HEAP_LIMIT
- * finds the k largest raw logits in one pass (exp is monotone, so they are the tokens of the k largest
- * weights), then weighs only the candidates within CANDIDATE_MARGIN of the k-th: those hold every weight
- * >= the k-th, and the k-th, the nucleus and the kept set are computed from them exactly as the dense
- * path computes them from the whole row. Returns the number of tokens kept, their ids (ascending) in
+ * finds the k largest raw logits (exp is monotone, so they are the tokens of the k largest weights) in
+ * one streaming pass of chunk maxima, the k-th largest of which is a floor for them, then a heap over
+ * the few chunks above it (in cache); it weighs only the candidates within CANDIDATE_MARGIN of the k-th:
+ * those hold every weight >= the k-th, and the k-th, the nucleus and the kept set are computed from them
+ * exactly as the dense path computes them from the whole row. Returns the number of tokens kept, their ids (ascending) in
  * ids[] and weights in kept[] (at most `capacity`: room for n in both), or -1 where the row was weighed
  * densely into row[n] (weigh_dense; x may be row). Writes the block sums to sums[ceil(n / block)], bit for
  * bit those of the dense row. scratch: room for n + ceil(n / CHUNK) values. */
@@ -665,8 +676,12 @@ CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, f
         return 1;
     }
     if (k > 0 && k < n && k <= HEAP_LIMIT && k <= capacity) {
+        /* the k-th largest chunk maximum: a floor that at least k logits reach */
+        const int64_t chunks = (n + CHUNK - 1) / CHUNK;
         float *chunk_top = scratch + n;
-        largest_k(x, n, k, scratch, chunk_top);
+        chunk_maxima(x, n, chunk_top);
+        largest_k(chunk_top, chunks, k < chunks ? k : chunks, -INFINITY, NULL, scratch);
+        largest_k(x, n, k, k <= chunks ? scratch[0] : -INFINITY, chunk_top, scratch);
         float top = -INFINITY;
         for (int64_t i = 0; i < k; i++) top = scratch[i] > top ? scratch[i] : top;
         const float inverse = 1.0f / temperature, kth_y = (scratch[0] - top) * inverse;

@@ -439,7 +439,7 @@ def _stochastic_verdicts(
     vocab = masked.shape[-1]
     per_position = positions + 1
     if kernels.backend_for(masked).draws_rows:
-        return _drawn_verdicts(draft, masked, temperature, top_k, top_p, min_p, seeds, plan, draft_probs)
+        return _drawn_verdicts(draft, masked, temperature, top_k, top_p, min_p, seeds, draft_probs)
     weights, sums = truncated_weights(
         masked.reshape(-1, vocab),
         *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p)),
@@ -474,12 +474,10 @@ def _drawn_verdicts(
     top_p: torch.Tensor,
     min_p: torch.Tensor | None,
     seeds: torch.Tensor,
-    plan: _Plan,
     draft_probs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """_stochastic_verdicts where the backend `draws_rows`: the same verdicts bit for bit, each row weighed
-    and drawn inside one kernel (target_draws), the uniforms of the target and residual streams keyed
-    there, the weights written out only where sampled mode hands a large kept set to the recovery."""
+    and drawn inside one kernel (target_draws), the uniforms of every stream keyed there, the weights written out only where sampled mode hands a large kept set to the recovery."""
     batch, positions = draft.shape
     vocab = masked.shape[-1]
     per_position = positions + 1
@@ -488,10 +486,9 @@ def _drawn_verdicts(
         tokens = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds).view(batch, per_position)
         accepted, recovered = argmax_verdict(draft, tokens[:, :positions])
         return accepted, recovered, tokens[:, positions]
-    tokens, at_draft, sums, kept = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
+    drawn = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
+    tokens, at_draft, accept_uniforms, sums, kept = drawn
     target_mass = sums.view(batch, per_position, -1).sum(-1)[:, :positions]
-    uniform = keyed_uniform_read if plan.reads_host else keyed_uniform
-    accept_uniforms = uniform(row_keys(seeds, positions), STREAM_ACCEPT)
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
     drawn = kernels.recover_kept_rows(
         kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)

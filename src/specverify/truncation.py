@@ -19,6 +19,7 @@ from .bitmask import apply_bitmask, num_words
 from .categorical import block_size, block_sums, sample_from_weights
 from .rng import (
     HOST_KEYS,
+    STREAM_ACCEPT,
     STREAM_TARGET,
     keyed_uniform,
     per_row_seeds,
@@ -228,9 +229,9 @@ def target_draws(
     (kernels.draw_rows): the tokens that truncated_weights and sample_from_weights give, the weights never
     written out. masked_logits: [B * per_position, V], row b * per_position + j keyed by seeds[b] + j
     (STREAM_TARGET); params and seeds (int64): per request [B] -> int64 [B * per_position]. With draft
-    (int64 [B, per_position - 1], -1: none), sampled mode: also the draft tokens' weights, the block sums and
-    the kept weights for kernels.recover_kept_rows (a dense part may live in this thread's scratch
-    buffer: use it before the next call)."""
+    (int64 [B, per_position - 1], -1: none), sampled mode: also the draft tokens' weights, the ratio test's
+    uniforms (STREAM_ACCEPT), the block sums and the kept weights for kernels.recover_kept_rows (a dense
+    part may live in this thread's scratch buffer: use it before the next call)."""
     vocab = masked_logits.shape[-1]
     dense = None if draft is None else _scratch(masked_logits.shape, masked_logits.device)
     return kernels.draw_rows(
@@ -246,6 +247,7 @@ def target_draws(
         seeds,
         stream_salt(STREAM_TARGET),
         draft,
+        stream_salt(STREAM_ACCEPT),
         dense,
     )
 

@@ -14,7 +14,7 @@ import torch
 
 from specverify.categorical import block_size
 from specverify.kernels import native
-from specverify.rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, row_keys, stream_salt
+from specverify.rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, row_keys, stream_salt
 from specverify.truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE
 from tests.support.backends import native_available
 
@@ -81,8 +81,11 @@ def test_draws_match_the_dense_kernels_bit_for_bit(case, use_min_p):
     assert torch.equal(native.draw_rows(logits, per_position, *params, salt), expected)
 
     dense = torch.full((rows, vocab), float("nan"))
-    tokens, at_draft, drawn_sums, kept = native.draw_rows(logits, per_position, *params, salt, draft, dense)
+    drawn = native.draw_rows(logits, per_position, *params, salt, draft, stream_salt(STREAM_ACCEPT), dense)
+    tokens, at_draft, accept_uniforms, drawn_sums, kept = drawn
     assert torch.equal(tokens, expected)
+    expected_uniforms = keyed_uniform(row_keys(seeds, positions), STREAM_ACCEPT)
+    assert torch.equal(accept_uniforms.view(torch.int64), expected_uniforms.view(torch.int64))
     assert torch.equal(drawn_sums.view(torch.int64), sums.view(torch.int64))
     grid = weights.view(requests, per_position, vocab)[:, :positions]
     present = draft >= 0

@@ -216,18 +216,21 @@ def draw_rows(
     seeds: torch.Tensor,
     salt: int,
     draft: torch.Tensor | None = None,
+    accept_salt: int = 0,
     dense: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """Where `backend_for(logits).draws_rows`: the keyed target draw from p~ (SPEC §2, §4) of every row of
     a chain call, the tokens `sample_rows` gives on `weigh_rows`' weights, without writing the weights out.
     logits: float [B * per_position, V], row b * per_position + j weighed with request b's params [B] and
     drawn with the uniform of key seeds[b] + j (int64 [B]) and `salt` (rng.stream_salt) -> int64 [R].
-    With draft (int64 [B, per_position - 1], -1: none) and dense (float32 [R, V], written where a kept set
-    is too large to hold sparsely), for sampled mode: (tokens [R], each draft token's weight float32
+    With draft (int64 [B, per_position - 1], -1: none), accept_salt (the ratio test's stream) and dense
+    (float32 [R, V], written where a kept set is too large to hold sparsely), for sampled mode: (tokens [R],
+    each draft token's weight float32 [B, per_position - 1], the ratio test's uniforms float64
     [B, per_position - 1], block sums float64 [R, ceil(V / block)], the kept weights for recover_kept_rows)."""
     return _ops(logits).draw_rows(
-        logits, per_position, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seeds, salt, draft, dense
-    )
+        logits, per_position, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seeds, salt, draft,
+        accept_salt, dense,
+    )  # fmt: skip
 
 
 def recover_kept_rows(

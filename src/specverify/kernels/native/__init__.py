@@ -168,7 +168,7 @@ def load() -> ctypes.CDLL | None:
     ]
     library.draw_rows.argtypes = [
         *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, u64),
-        *(pointer, pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer),
+        *(pointer, u64, pointer, pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer),
     ]
     library.recover_kept_rows.argtypes = [
         *(pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, u64),
@@ -362,14 +362,16 @@ def draw_rows(
     seeds: torch.Tensor,
     salt: int,
     draft: torch.Tensor | None = None,
+    accept_salt: int = 0,
     dense: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """The keyed target draw of every row (kernels.c's draw_rows): row b * per_position + j of logits [R, V]
     (R = B * per_position) weighed with request b's params [B] and drawn with the uniform of key
     seeds[b] + j (seeds int64 [B]) and `salt`, its weights not written out -> int64 [R].
-    With draft (int64 [B, per_position - 1], -1 where none) and dense (contiguous float32 [R, V], rows
-    written only where a kept set is too large to hand over sparsely), for sampled mode: (tokens [R], the
-    weight of each draft token float32 [B, per_position - 1], the block sums float64 [R, ceil(V / block)],
+    With draft (int64 [B, per_position - 1], -1 where none), accept_salt and dense (contiguous float32
+    [R, V], rows written only where a kept set is too large to hand over sparsely), for sampled mode:
+    (tokens [R], the weight of each draft token float32 [B, per_position - 1], the uniforms of key
+    seeds[b] + j and accept_salt float64 [B, per_position - 1], the block sums float64 [R, ceil(V / block)],
     the kept weights for recover_kept_rows)."""
     rows, vocab = logits.shape
     requests = rows // per_position
@@ -379,11 +381,12 @@ def draw_rows(
     min_p = None if min_p is None else _as(min_p, torch.float32)
     seeds = _as(seeds, torch.int64)
     tokens = torch.empty(rows, dtype=torch.int64)
-    at_draft = sums = count = ids = weights = None  # (argmax mode: nothing but the tokens is written)
+    at_draft = accept = sums = count = ids = weights = None  # (argmax mode: nothing but the tokens is written)
     blocks = -(-vocab // block)
     if draft is not None:
         draft = _as(draft, torch.int64)
         at_draft = torch.empty(requests, per_position - 1, dtype=torch.float32)
+        accept = torch.empty(requests, per_position - 1, dtype=torch.float64)
         sums = torch.empty(rows, blocks, dtype=torch.float64)
         count = torch.empty(rows, dtype=torch.int64)
         ids = torch.empty(rows, KEPT_CAPACITY, dtype=torch.int32)
@@ -412,8 +415,10 @@ def draw_rows(
             address(seeds, a, 1),
             salt,
             address(draft, a, drafted),
+            accept_salt,
             address(tokens, first, 1),
             address(at_draft, a, drafted),
+            address(accept, a, drafted),
             address(sums, first, blocks),
             KEPT_CAPACITY,
             address(ids, first, KEPT_CAPACITY),
@@ -425,7 +430,7 @@ def draw_rows(
     _split_rows(requests, run)
     if draft is None:
         return tokens
-    return tokens, at_draft, sums, (count, ids, weights, dense)
+    return tokens, at_draft, accept, sums, (count, ids, weights, dense)
 
 
 def recover_kept_rows(

@@ -752,13 +752,15 @@ static inline float element_of(const void *matrix, int dtype, int64_t r, int64_t
  * `dtype`; temperature, top_k, top_p, min_p (may be NULL), seeds: per request [requests]. Writes tokens
  * [rows]. For sampled verification (draft not NULL: [requests, per_position - 1], -1 where none), also,
  * at every drafted position (j < per_position - 1): at_draft[b * (per_position - 1) + j], the weight of its
- * draft token (0 where none); block_sums [rows, ceil(n / block)] (every row); and the weights for the
+ * draft token (0 where none), and accept_uniforms[same], the uniform of the ratio test (key seeds[b] + j,
+ * accept_salt: rng.stream_salt(STREAM_ACCEPT)); block_sums [rows, ceil(n / block)] (every row); and the weights for the
  * recovery: kept_count[r] >= 0 tokens in kept_ids / kept_weights [rows, capacity] (ids ascending), or -1
  * and the whole row in dense [rows, n]. */
 CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t per_position, int64_t n,
                       const float *temperature, float greedy_below, const int64_t *top_k, const float *top_p,
                       const float *min_p, double rtol, int64_t block, const int64_t *seeds, uint64_t salt,
-                      const int64_t *draft, int64_t *tokens, float *at_draft, double *block_sums, int64_t capacity,
+                      const int64_t *draft, uint64_t accept_salt, int64_t *tokens, float *at_draft,
+                      double *accept_uniforms, double *block_sums, int64_t capacity,
                       int32_t *kept_ids, float *kept_weights, int64_t *kept_count, float *dense) {
     const int64_t blocks = (n + block - 1) / block, rows = requests * per_position, drafted = per_position - 1;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
@@ -782,6 +784,7 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
         if (!recovers) continue;
         const int64_t d = draft[position];
         at_draft[position] = d >= 0 && d < n ? weight_at(w, held, count, d) : 0.0f;
+        accept_uniforms[position] = keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, accept_salt);
         kept_count[r] = count;
         if (count >= 0) {
             memcpy(kept_ids + r * capacity, ids, (size_t)count * sizeof *ids);

@@ -101,21 +101,19 @@ static inline float lanes_max(floats4 v) {
     return best;
 }
 
-/* Values per chunk of the max scans (a multiple of 4 * LANES). */
+/* Values per chunk of the max scans (a multiple of 8 * LANES). */
 #define CHUNK 64
 
-/* The largest of the CHUNK values from `at`, NaN skipped (-inf when there is none). Four vectors in
+/* The largest of the CHUNK values from `at`, NaN skipped (-inf when there is none). Eight vectors in
  * flight, each starting at -inf, so that the loop runs at the vector units' throughput, not at the
  * latency of one compare-and-select chain. */
 static inline float chunk_max(const float *at) {
-    floats4 a = (floats4){0} - INFINITY, b = a, c = a, d = a;
-    for (int i = 0; i < CHUNK; i += 4 * LANES) {
-        a = max4(load4(at + i), a);
-        b = max4(load4(at + i + LANES), b);
-        c = max4(load4(at + i + 2 * LANES), c);
-        d = max4(load4(at + i + 3 * LANES), d);
-    }
-    return lanes_max(max4(max4(a, b), max4(c, d)));
+    floats4 lanes[8];
+    for (int v = 0; v < 8; v++) lanes[v] = (floats4){0} - INFINITY;
+    for (int i = 0; i < CHUNK; i += 8 * LANES)
+        for (int v = 0; v < 8; v++) lanes[v] = max4(load4(at + i + v * LANES), lanes[v]);
+    for (int v = 0; v < 4; v++) lanes[v] = max4(lanes[v], lanes[v + 4]);
+    return lanes_max(max4(max4(lanes[0], lanes[1]), max4(lanes[2], lanes[3])));
 }
 
 /* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where

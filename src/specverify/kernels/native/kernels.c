@@ -113,7 +113,9 @@ static inline float chunk_max(const float *at) {
     for (int i = 0; i < CHUNK; i += 8 * LANES)
         for (int v = 0; v < 8; v++) lanes[v] = max4(load4(at + i + v * LANES), lanes[v]);
     for (int v = 0; v < 4; v++) lanes[v] = max4(lanes[v], lanes[v + 4]);
-    return lanes_max(max4(max4(lanes[0], lanes[1]), max4(lanes[2], lanes[3])));
+    floats4 top = max4(max4(lanes[0], lanes[1]), max4(lanes[2], lanes[3])); /* no lane is NaN */
+    top = max4(top, (floats4){top[2], top[3], top[0], top[1]});
+    return top[0] > top[1] ? top[0] : top[1];
 }
 
 /* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
@@ -689,8 +691,10 @@ CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, f
             for (int64_t start = 0, chunk = 0; start < n; start += CHUNK, chunk++) {
                 if (!((chunk_top[chunk] - top) * inverse >= lowest)) continue;
                 const int64_t end = start + CHUNK < n ? start + CHUNK : n;
-                for (int64_t i = start; i < end; i++)
-                    if ((x[i] - top) * inverse >= lowest) ids[count++] = (int32_t)i;
+                for (int64_t i = start; i < end; i++) { /* (branch-free: which tokens pass is unpredictable) */
+                    ids[count] = (int32_t)i;
+                    count += (x[i] - top) * inverse >= lowest;
+                }
             }
             for (int64_t j = 0; j < count; j++) kept[j] = x[ids[j]];
             for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);

@@ -488,7 +488,7 @@ def _drawn_verdicts(
         return accepted, recovered, tokens[:, positions]
     drawn = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
     tokens, at_draft, accept_uniforms, sums, kept = drawn
-    target_mass = sums.view(batch, per_position, -1).sum(-1)[:, :positions]
+    target_mass = sums.view(batch, per_position, sums.shape[-1]).sum(-1)[:, :positions]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
     drawn = kernels.recover_kept_rows(
         kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)

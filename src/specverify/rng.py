@@ -61,10 +61,14 @@ def sibling_stream(rank: int) -> int:
     return STREAM_ACCEPT if rank == 0 else STREAM_SIBLING + rank - 1
 
 
+def stream_salt(stream: int) -> int:
+    """The salt of a stream, as a uint64 int: `mix64(stream + 0xD1B54A32D192ED03)`."""
+    return _mix64_int(stream + _STREAM_SALT)
+
+
 def keyed_bits(keys: torch.Tensor, stream: int) -> torch.Tensor:
     """64 random bits per key: `mix64(mix64(key) ^ salt(stream))`. keys: int64 [...] -> int64 [...]."""
-    salt = as_int64_bits(_mix64_int(stream + _STREAM_SALT))
-    return mix64(mix64(keys) ^ salt)
+    return mix64(mix64(keys) ^ as_int64_bits(stream_salt(stream)))
 
 
 def keyed_uniform(keys: torch.Tensor, stream: int) -> torch.Tensor:
@@ -97,7 +101,7 @@ def keyed_uniform_read(keys: torch.Tensor, stream: int) -> torch.Tensor:
     keys: int64 [...] (checked keys, a checked stream) -> float64 [...]."""
     if not keys.is_cpu or keys.numel() > HOST_KEYS:
         return keyed_uniform(keys, stream)
-    salt = _mix64_int(stream + _STREAM_SALT)
+    salt = stream_salt(stream)
     values = [_uniform_of(key, salt) for key in keys.reshape(-1).tolist()]
     return torch.tensor(values, dtype=torch.float64).view(keys.shape)
 
@@ -114,7 +118,7 @@ def row_seeds_read(seed: int | torch.Tensor, shared: bool, rows: int) -> list[in
 def row_uniforms_read(seeds: list[int], num_positions: int, stream: int) -> list[float]:
     """keyed_uniform(row_keys(seeds, num_positions), stream) on the host, flattened row by row: the uniform
     of key s_b + j at index b * num_positions + j."""
-    salt = _mix64_int(stream + _STREAM_SALT)
+    salt = stream_salt(stream)
     return [_uniform_of(seed + position, salt) for seed in seeds for position in range(num_positions)]
 
 

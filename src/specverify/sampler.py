@@ -15,7 +15,7 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import sample_from_weights
+from .categorical import block_size, sample_from_weights
 from .contract import DRAFT_PROPOSALS
 from .rng import (
     HOST_KEYS,
@@ -26,12 +26,21 @@ from .rng import (
     keyed_uniform_read,
     per_row_seeds,
     row_keys,
+    stream_salt,
 )
-from .truncation import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
+from .truncation import (
+    greedy_tokens,
+    is_greedy,
+    keyed_draws_read,
+    per_position_rows,
+    target_draws,
+    truncated_weights,
+)
 from .verdicts import (
     argmax_verdict,
     first_rejections_read,
     greedy_verdict,
+    ratio_test,
     relaxed_verdict,
     sampled_verdict,
     whole_call_verdicts,
@@ -428,6 +437,8 @@ def _stochastic_verdicts(
     batch, positions = draft.shape
     vocab = masked.shape[-1]
     per_position = positions + 1
+    if kernels.backend_for(masked).draws_rows:
+        return _drawn_verdicts(draft, masked, temperature, top_k, top_p, min_p, seeds, draft_probs)
     weights, sums = truncated_weights(
         masked.reshape(-1, vocab),
         *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p)),
@@ -452,6 +463,36 @@ def _stochastic_verdicts(
     )
     bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
     return accepted, recovered, bonus
+
+
+def _drawn_verdicts(
+    draft: torch.Tensor,
+    masked: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """_stochastic_verdicts where the backend `draws_rows`: the same verdicts bit for bit, each row weighed
+    and drawn inside one kernel (target_draws), the uniforms of every stream keyed there, the weights written out only where sampled mode hands a large kept set to the recovery."""
+    batch, positions = draft.shape
+    vocab = masked.shape[-1]
+    per_position = positions + 1
+    rows = masked.reshape(-1, vocab)
+    if draft_probs is None:
+        tokens = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds).view(batch, per_position)
+        accepted, recovered = argmax_verdict(draft, tokens[:, :positions])
+        return accepted, recovered, tokens[:, positions]
+    drawn = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
+    tokens, at_draft, accept_uniforms, sums, kept = drawn
+    target_mass = sums.view(batch, per_position, sums.shape[-1]).sum(-1)[:, :positions]
+    accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
+    drawn = kernels.recover_kept_rows(
+        kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)
+    )
+    return accepted, torch.where(accepted, draft, drawn), tokens.view(batch, per_position)[:, positions]
 
 
 def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,16 @@ import torch
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .categorical import block_size, block_sums, sample_from_weights
-from .rng import HOST_KEYS, STREAM_TARGET, keyed_uniform, per_row_seeds, row_seeds_read, row_uniforms_read
+from .rng import (
+    HOST_KEYS,
+    STREAM_ACCEPT,
+    STREAM_TARGET,
+    keyed_uniform,
+    per_row_seeds,
+    row_seeds_read,
+    row_uniforms_read,
+    stream_salt,
+)
 from .selection import largest_reaching_threshold
 
 #: Rows with temperature below this are greedy (SPEC §3.3).
@@ -204,6 +213,43 @@ def truncated_weights(
     truncated = torch.where(is_greedy(temperature)[:, None], one_hot, truncated)
     sums = block_sums(truncated)
     return truncated, sums if source is None else sums.masked_fill_((source < 0)[:, None], 0.0)
+
+
+def target_draws(
+    masked_logits: torch.Tensor,
+    per_position: int,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    draft: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """The keyed target draws y from p~ of every row of a chain call, where the backend `draws_rows`
+    (kernels.draw_rows): the tokens that truncated_weights and sample_from_weights give, the weights never
+    written out. masked_logits: [B * per_position, V], row b * per_position + j keyed by seeds[b] + j
+    (STREAM_TARGET); params and seeds (int64): per request [B] -> int64 [B * per_position]. With draft
+    (int64 [B, per_position - 1], -1: none), sampled mode: also the draft tokens' weights, the ratio test's
+    uniforms (STREAM_ACCEPT), the block sums and the kept weights for kernels.recover_kept_rows (a dense
+    part may live in this thread's scratch buffer: use it before the next call)."""
+    vocab = masked_logits.shape[-1]
+    dense = None if draft is None else _scratch(masked_logits.shape, masked_logits.device)
+    return kernels.draw_rows(
+        masked_logits.detach(),
+        per_position,
+        temperature,
+        GREEDY_TEMPERATURE,
+        top_k,
+        top_p,
+        min_p,
+        BOUNDARY_RTOL,
+        block_size(vocab),
+        seeds,
+        stream_salt(STREAM_TARGET),
+        draft,
+        stream_salt(STREAM_ACCEPT),
+        dense,
+    )
 
 
 def truncated_probs(

@@ -67,21 +67,35 @@ def sampled_verdict(
     with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
     """
     positions = draft.shape[1]
-    has_draft = draft >= 0
-    column = _draft_column(draft)
     target_mass = target_sums.sum(-1)[:, :positions]
+    at_draft = target_weights[:, :positions].gather(-1, _draft_column(draft))[..., 0]
+    accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
+    drawn = recovery_draw(target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
+    return accepted, torch.where(accepted, draft, drawn)
+
+
+def ratio_test(
+    draft: torch.Tensor,
+    at_draft: torch.Tensor,
+    target_mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The acceptance of sampled_verdict and each position's recovery mode. at_draft: float32 [B, K], the
+    weight of each draft token (any value where there is none); target_mass: float64 [B, K], the weights'
+    sums; the rest as in sampled_verdict -> (accepted bool [B, K], mode int32 [B, K]: kernels.FROM_RESIDUAL,
+    WITHOUT_DRAFT where q(d) == 0, FROM_TARGET where there is no draft)."""
+    has_draft = draft >= 0
     # p~(d) exactly as truncated_probs gives it (weights over their float32 total), so that a draft whose q
     # is truncated_probs itself is accepted with certainty
-    p_draft = (target_weights[:, :positions].gather(-1, column)[..., 0] / target_mass.float()).double()
-    q_draft = draft_probs.gather(-1, column)[..., 0].double()
+    p_draft = (at_draft / target_mass.float()).double()
+    q_draft = draft_probs.gather(-1, _draft_column(draft))[..., 0].double()
     blind = q_draft <= 0
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
-    accepted = has_draft & ~rejected
     mode = torch.where(
         has_draft, torch.where(blind, kernels.WITHOUT_DRAFT, kernels.FROM_RESIDUAL), kernels.FROM_TARGET
     ).to(torch.int32)
-    drawn = recovery_draw(target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
-    return accepted, torch.where(accepted, draft, drawn)
+    return has_draft & ~rejected, mode
 
 
 def recovery_draw(

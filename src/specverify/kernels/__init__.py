@@ -51,7 +51,9 @@ __all__ = [
     "Backend",
     "argmax_rows",
     "backend_for",
+    "draw_rows",
     "forced",
+    "recover_kept_rows",
     "recover_rows",
     "relaxed_rows",
     "sample_rows",
@@ -199,6 +201,53 @@ def weigh_rows(
     each output row weighs (None: row r, M = N); a negative one is skipped: zero sums, weights undefined
     (free where the backend `skips_rows_cheaply`, else weighed as row 0 and its sums zeroed)."""
     return _ops(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source)
+
+
+def draw_rows(
+    logits: torch.Tensor,
+    per_position: int,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    seeds: torch.Tensor,
+    salt: int,
+    draft: torch.Tensor | None = None,
+    accept_salt: int = 0,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """Where `backend_for(logits).draws_rows`: the keyed target draw from p~ (SPEC §2, §4) of every row of
+    a chain call, the tokens `sample_rows` gives on `weigh_rows`' weights, without writing the weights out.
+    logits: float [B * per_position, V], row b * per_position + j weighed with request b's params [B] and
+    drawn with the uniform of key seeds[b] + j (int64 [B]) and `salt` (rng.stream_salt) -> int64 [R].
+    With draft (int64 [B, per_position - 1], -1: none), accept_salt (the ratio test's stream) and dense
+    (float32 [R, V], written where a kept set is too large to hold sparsely), for sampled mode: (tokens [R],
+    each draft token's weight float32 [B, per_position - 1], the ratio test's uniforms float64
+    [B, per_position - 1], block sums float64 [R, ceil(V / block)], the kept weights for recover_kept_rows)."""
+    return _ops(logits).draw_rows(
+        logits, per_position, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seeds, salt, draft,
+        accept_salt, dense,
+    )  # fmt: skip
+
+
+def recover_kept_rows(
+    kept: tuple,
+    weight_sums: torch.Tensor,
+    mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft: torch.Tensor,
+    mode: torch.Tensor,
+    seeds: torch.Tensor,
+    salt: int,
+    block: int,
+) -> torch.Tensor:
+    """recover_rows (SPEC §3.2) on the weights draw_rows kept, and their block sums float64
+    [B * (K + 1), blocks]; the uniform of position j of request b keyed by seeds[b] + j and `salt`.
+    mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K]; mode: int [B, K] -> int64 [B, K]."""
+    return _ops(draft_probs).recover_kept_rows(kept, weight_sums, mass, draft_probs, draft, mode, seeds, salt, block)
 
 
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:

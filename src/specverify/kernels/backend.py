@@ -14,6 +14,8 @@ from types import ModuleType
 ROW_OPS = ("weigh_rows", "argmax_rows", "scan_rows", "sample_rows", "recover_rows", "relaxed_rows")
 #: The op of a backend that runs whole verifier calls.
 WHOLE_CALL_OP = "verify_rows"
+#: The ops of a backend that draws the target rows of a call itself, weights held inside the kernel.
+DRAW_OPS = ("draw_rows", "recover_kept_rows")
 
 
 @dataclass(frozen=True)
@@ -25,20 +27,23 @@ class Backend:
     runs_whole_calls: it runs a whole verifier call in one kernel (`verify_rows`: every rule and the
     first rejection in one launch). skips_rows_cheaply: `weigh_rows` skips a row whose source is negative
     at next to no cost, so a walk over every row costs only the rows still walking (where it does not, a
-    caller weighs all its rows in one call instead).
+    caller weighs all its rows in one call instead). draws_rows: `draw_rows` weighs and draws the target
+    rows of a chain call without writing their weights out, and `recover_kept_rows` draws the recoveries
+    of sampled mode from what it kept (DRAW_OPS).
     """
 
     name: str
     ops: ModuleType | None
     runs_whole_calls: bool = False
     skips_rows_cheaply: bool = False
+    draws_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.ops is None:
-            if self.runs_whole_calls or self.skips_rows_cheaply:
+            if self.runs_whole_calls or self.skips_rows_cheaply or self.draws_rows:
                 raise TypeError(f"backend {self.name!r} declares capabilities but no ops")
             return
-        declared = ROW_OPS + ((WHOLE_CALL_OP,) if self.runs_whole_calls else ())
+        declared = ROW_OPS + ((WHOLE_CALL_OP,) if self.runs_whole_calls else ()) + (DRAW_OPS if self.draws_rows else ())
         missing = [op for op in declared if not callable(getattr(self.ops, op, None))]
         if missing:
             raise TypeError(

@@ -149,6 +149,7 @@ def load() -> ctypes.CDLL | None:
             return None
     library.specverify_threads_itself = threaded
     pointer, i32, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
+    u64 = ctypes.c_uint64
     library.weigh_rows.argtypes = [
         pointer,
         i32,
@@ -164,6 +165,14 @@ def load() -> ctypes.CDLL | None:
         i64,
         pointer,
         pointer,
+    ]
+    library.draw_rows.argtypes = [
+        *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, u64),
+        *(pointer, u64, pointer, pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer),
+    ]
+    library.recover_kept_rows.argtypes = [
+        *(pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, u64),
+        *(i64, i64, i64, i64, pointer),
     ]
     library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
     library.scan_rows.argtypes = [pointer, i32, i64, i64, pointer, pointer]
@@ -335,6 +344,147 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
     return out
 
 
+#: The most tokens a row's kept set may hold to reach the recovery draw sparsely (draw_rows); a larger one
+#: is handed over as a dense row of weights.
+KEPT_CAPACITY = 1024
+
+
+def draw_rows(
+    logits: torch.Tensor,
+    per_position: int,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    seeds: torch.Tensor,
+    salt: int,
+    draft: torch.Tensor | None = None,
+    accept_salt: int = 0,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """The keyed target draw of every row (kernels.c's draw_rows): row b * per_position + j of logits [R, V]
+    (R = B * per_position) weighed with request b's params [B] and drawn with the uniform of key
+    seeds[b] + j (seeds int64 [B]) and `salt`, its weights not written out -> int64 [R].
+    With draft (int64 [B, per_position - 1], -1 where none), accept_salt and dense (contiguous float32
+    [R, V], rows written only where a kept set is too large to hand over sparsely), for sampled mode:
+    (tokens [R], the weight of each draft token float32 [B, per_position - 1], the uniforms of key
+    seeds[b] + j and accept_salt float64 [B, per_position - 1], the block sums float64 [R, ceil(V / block)],
+    the kept weights for recover_kept_rows)."""
+    rows, vocab = logits.shape
+    requests = rows // per_position
+    logits, dtype = _readable(logits)
+    width = logits.element_size()
+    temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
+    min_p = None if min_p is None else _as(min_p, torch.float32)
+    seeds = _as(seeds, torch.int64)
+    tokens = torch.empty(rows, dtype=torch.int64)
+    at_draft = accept = sums = count = ids = weights = None  # (argmax mode: nothing but the tokens is written)
+    blocks = -(-vocab // block)
+    if draft is not None:
+        draft = _as(draft, torch.int64)
+        at_draft = torch.empty(requests, per_position - 1, dtype=torch.float32)
+        accept = torch.empty(requests, per_position - 1, dtype=torch.float64)
+        sums = torch.empty(rows, blocks, dtype=torch.float64)
+        count = torch.empty(rows, dtype=torch.int64)
+        ids = torch.empty(rows, KEPT_CAPACITY, dtype=torch.int32)
+        weights = torch.empty(rows, KEPT_CAPACITY, dtype=torch.float32)
+    library = load()
+
+    def address(tensor: torch.Tensor | None, start: int, per_row: int) -> int | None:
+        """The address of row `start` of a tensor of `per_row` elements a row (None for None)."""
+        return None if tensor is None else tensor.data_ptr() + start * per_row * tensor.element_size()
+
+    def run(a: int, b: int) -> None:
+        first, drafted = a * per_position, per_position - 1
+        library.draw_rows(
+            logits.data_ptr() + first * vocab * width,
+            dtype,
+            b - a,
+            per_position,
+            vocab,
+            address(temperature, a, 1),
+            greedy_below,
+            address(top_k, a, 1),
+            address(top_p, a, 1),
+            address(min_p, a, 1),
+            rtol,
+            block,
+            address(seeds, a, 1),
+            salt,
+            address(draft, a, drafted),
+            accept_salt,
+            address(tokens, first, 1),
+            address(at_draft, a, drafted),
+            address(accept, a, drafted),
+            address(sums, first, blocks),
+            KEPT_CAPACITY,
+            address(ids, first, KEPT_CAPACITY),
+            address(weights, first, KEPT_CAPACITY),
+            address(count, first, 1),
+            address(dense, first, vocab),
+        )
+
+    _split_rows(requests, run)
+    if draft is None:
+        return tokens
+    return tokens, at_draft, accept, sums, (count, ids, weights, dense)
+
+
+def recover_kept_rows(
+    kept: tuple,
+    weight_sums: torch.Tensor,
+    mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft: torch.Tensor,
+    mode: torch.Tensor,
+    seeds: torch.Tensor,
+    salt: int,
+    block: int,
+) -> torch.Tensor:
+    """recover_rows on what draw_rows kept for the recovery (`kept`, and its block sums float64
+    [B * (K + 1), blocks]), the uniform of position j of request b keyed by seeds[b] + j (int64 [B]) and
+    `salt`. mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K]; mode: int [B, K]
+    -> int64 [B, K]."""
+    count, ids, weights, dense = kept
+    requests, positions, vocab = draft_probs.shape
+    blocks = weight_sums.shape[-1]
+    draft_probs, draft_dtype = _readable(draft_probs)
+    width = draft_probs.element_size()
+    mass, seeds = _as(mass, torch.float64), _as(seeds, torch.int64)
+    draft, mode = _as(draft, torch.int64), _as(mode, torch.int32)
+    out = torch.empty(requests, positions, dtype=torch.int64)
+    library = load()
+
+    def run(a: int, b: int) -> None:
+        first, weight_row = a * positions, a * (positions + 1)
+        library.recover_kept_rows(
+            count.data_ptr() + weight_row * 8,
+            ids.data_ptr() + weight_row * KEPT_CAPACITY * 4,
+            weights.data_ptr() + weight_row * KEPT_CAPACITY * 4,
+            KEPT_CAPACITY,
+            dense.data_ptr() + weight_row * vocab * 4,
+            weight_sums.data_ptr() + weight_row * blocks * 8,
+            mass.data_ptr() + first * 8,
+            draft_probs.data_ptr() + first * vocab * width,
+            draft_dtype,
+            draft.data_ptr() + first * 8,
+            mode.data_ptr() + first * 4,
+            seeds.data_ptr() + a * 8,
+            salt,
+            b - a,
+            positions,
+            vocab,
+            block,
+            out.data_ptr() + first * 8,
+        )
+
+    _split_rows(requests, run)
+    return out
+
+
 #: Recovery modes of `recover_rows`, per position (kernels.c).
 FROM_TARGET, FROM_RESIDUAL, WITHOUT_DRAFT = 0, 1, 2
 
@@ -424,6 +574,6 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return accepted.bool(), top1
 
 
-#: What this backend declares (kernels/backend.py): every per-row op, and rows with a negative source in
-#: weigh_rows skipped inside the kernel at next to no cost.
-BACKEND = Backend(name="native", ops=sys.modules[__name__], skips_rows_cheaply=True)
+#: What this backend declares (kernels/backend.py): every per-row op, rows with a negative source in
+#: weigh_rows skipped inside the kernel at next to no cost, and the target rows of a call drawn in place.
+BACKEND = Backend(name="native", ops=sys.modules[__name__], skips_rows_cheaply=True, draws_rows=True)

@@ -10,6 +10,13 @@
  * or batch layout. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
  * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may
  * be float32, bfloat16 or float16, converted exactly a row at a time.
+ *
+ * The verifier's chain calls go through draw_rows instead, which never writes the weights out: each row
+ * is weighed (weigh_kept: a greedy row's argmax alone; a top-k row from its k largest raw logits, only the
+ * candidates near the k-th exponentiated, held as a short list of (id, weight); any other row densely in
+ * a buffer of the thread's, in cache) and drawn at once with its keyed uniform, so that the logits are
+ * read about once. Sampled mode keeps each drafted position's weights for recover_kept_rows (the short
+ * list, or the dense row where the kept set is large). Every path gives the bits of the dense one.
  */
 #include <stdint.h>
 #include <string.h>
@@ -65,8 +72,8 @@ static inline const float *float_row(const void *matrix, int dtype, int64_t r, i
 }
 
 /* Four float lanes as one vector (GCC/Clang vector extensions: one SSE or NEON register; wider vectors
- * are lowered badly where the target lacks them, so loops keep two of them in flight), for the loops the
- * compiler does not vectorise by itself: NaN-skipping max and argmax. */
+ * are lowered badly where the target lacks them, so loops keep several of them in flight), for the loops
+ * the compiler does not vectorise by itself: NaN-skipping max and argmax. */
 #define LANES 4
 typedef float floats4 __attribute__((vector_size(4 * LANES)));
 typedef int32_t ints4 __attribute__((vector_size(4 * LANES)));
@@ -92,6 +99,23 @@ static inline float lanes_max(floats4 v) {
     float best = -INFINITY;
     for (int lane = 0; lane < LANES; lane++) best = v[lane] > best ? v[lane] : best;
     return best;
+}
+
+/* Values per chunk of the max scans (a multiple of 8 * LANES). */
+#define CHUNK 64
+
+/* The largest of the CHUNK values from `at`, NaN skipped (-inf when there is none). Eight vectors in
+ * flight, each starting at -inf, so that the loop runs at the vector units' throughput, not at the
+ * latency of one compare-and-select chain. */
+static inline float chunk_max(const float *at) {
+    floats4 lanes[8];
+    for (int v = 0; v < 8; v++) lanes[v] = (floats4){0} - INFINITY;
+    for (int i = 0; i < CHUNK; i += 8 * LANES)
+        for (int v = 0; v < 8; v++) lanes[v] = max4(load4(at + i + v * LANES), lanes[v]);
+    for (int v = 0; v < 4; v++) lanes[v] = max4(lanes[v], lanes[v + 4]);
+    floats4 top = max4(max4(lanes[0], lanes[1]), max4(lanes[2], lanes[3])); /* no lane is NaN */
+    top = max4(top, (floats4){top[2], top[3], top[0], top[1]});
+    return top[0] > top[1] ? top[0] : top[1];
 }
 
 /* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
@@ -167,22 +191,27 @@ static inline void offer(float value, int64_t k, float *heap) {
     }
 }
 
-/* The k largest values of the row, left in heap[0..k) (a min-heap: heap[0] is the k-th largest). Blocks
- * of 64 values none of which beats the k-th so far (most of them, once the heap has filled) are skipped
- * after one vectorised max. */
-static inline void largest_k(const float *row, int64_t n, int64_t k, float *heap) {
-    for (int64_t i = 0; i < k; i++) heap[i] = row[i] >= 0.0f ? row[i] : 0.0f;
-    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(heap, k, i);
-    int64_t i = k;
-    for (; i + 63 < n; i += 64) {
-        floats4 top = load4(row + i), other = load4(row + i + LANES);
-        for (int at = 2 * LANES; at < 64; at += 2 * LANES) {
-            top = max4(top, load4(row + i + at));
-            other = max4(other, load4(row + i + at + LANES));
-        }
-        top = max4(top, other);
-        if (!(lanes_max(top) > heap[0])) continue;
-        for (int64_t j = i; j < i + 64; j++) offer(row[j], k, heap);
+/* The largest value of each chunk of CHUNK values of the row (the last one may be partial), NaN skipped,
+ * written to chunk_top[ceil(n / CHUNK)]. */
+static inline void chunk_maxima(const float *row, int64_t n, float *chunk_top) {
+    int64_t i = 0, chunk = 0;
+    for (; i + CHUNK <= n; i += CHUNK) chunk_top[chunk++] = chunk_max(row + i);
+    float top = -INFINITY;
+    for (; i < n; i++) top = row[i] > top ? row[i] : top;
+    if (n % CHUNK) chunk_top[chunk] = top;
+}
+
+/* The k largest values of the row (weights or raw logits; NaN never enters), left in heap[0..k) (a
+ * min-heap: heap[0] is the k-th largest). The slots start at `floor`, -inf or a value that at least k of
+ * the row's values reach (the k largest are then exactly the values above it and copies of it). Chunks
+ * of CHUNK values none of which beats the k-th so far (most of them, once the heap has filled) are
+ * skipped after one vectorised max, or by their maxima chunk_top (chunk_maxima) where given. */
+static inline void largest_k(const float *row, int64_t n, int64_t k, float floor, const float *chunk_top, float *heap) {
+    for (int64_t i = 0; i < k; i++) heap[i] = floor;
+    int64_t i = 0, chunk = 0;
+    for (; i + CHUNK <= n; i += CHUNK, chunk++) {
+        if (!((chunk_top ? chunk_top[chunk] : chunk_max(row + i)) > heap[0])) continue;
+        for (int64_t j = i; j < i + CHUNK; j++) offer(row[j], k, heap);
     }
     for (; i < n; i++) offer(row[i], k, heap);
 }
@@ -195,26 +224,35 @@ static int descending(const void *a, const void *b) {
 /* Below this top_k, a heap of the k largest beats radix selection. */
 #define HEAP_LIMIT 4096
 
+/* The nucleus threshold of a top-k-truncated row from its k largest weights, sorted[0..k) in descending
+ * order, where at_least of the row's weights are >= the k-th (more than k when values tie with it): the
+ * smallest weight of the shortest prefix whose mass reaches top_p (within rtol) of the kept mass; the k-th
+ * when only its ties beyond the k complete it. Sums in double, in a fixed order. */
+static float nucleus_of_largest(const float *sorted, int64_t k, int64_t at_least, float top_p, double rtol) {
+    const float kth = sorted[k - 1];
+    double kept = (double)(at_least - k) * kth;
+    for (int64_t i = k - 1; i >= 0; i--) kept += sorted[i];
+    const double target = (double)top_p * kept * (1.0 - rtol);
+    double acc = 0.0;
+    for (int64_t i = 0; i < k; i++) {
+        acc += sorted[i];
+        if (acc >= target) return sorted[i];
+    }
+    return kth;
+}
+
 /* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row). */
 CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch) {
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
     if (limited && k <= HEAP_LIMIT) {
-        largest_k(row, n, k, scratch);
+        largest_k(row, n, k, -INFINITY, NULL, scratch);
         const float kth = scratch[0];
         if (top_p >= 1.0f) return kth;
         int64_t at_least = 0; /* more than k when values tie with the k-th beyond the heap */
         for (int64_t i = 0; i < n; i++) at_least += row[i] >= kth;
-        double kept = (double)(at_least - k) * kth;
         qsort(scratch, (size_t)k, sizeof *scratch, descending);
-        for (int64_t i = k - 1; i >= 0; i--) kept += scratch[i];
-        const double target = (double)top_p * kept * (1.0 - rtol);
-        double acc = 0.0;
-        for (int64_t i = 0; i < k; i++) {
-            acc += scratch[i];
-            if (acc >= target) return scratch[i];
-        }
-        return kth; /* only ties with the k-th beyond the heap complete the mass */
+        return nucleus_of_largest(scratch, k, at_least, top_p, rtol);
     }
     float threshold = limited ? select_threshold(row, n, 0, 0.0f, (double)k, 0, scratch) : 0.0f;
     if (top_p < 1.0f) {
@@ -251,45 +289,36 @@ static inline float exp_nonpositive(float y) {
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
 static inline float row_max(const float *row, int64_t n) {
-    floats4 lanes = (floats4){0} - INFINITY, other = lanes;
+    float best = -INFINITY;
     int64_t i = 0;
-    for (; i + 2 * LANES - 1 < n; i += 2 * LANES) {
-        const floats4 v = load4(row + i), w = load4(row + i + LANES);
-        lanes = select4(v > lanes, v, lanes);
-        other = select4(w > other, w, other);
+    for (; i + CHUNK <= n; i += CHUNK) {
+        const float top = chunk_max(row + i);
+        best = top > best ? top : best;
     }
-    float best = lanes_max(max4(lanes, other));
     for (; i < n; i++) best = row[i] > best ? row[i] : best;
     return best;
 }
 
 /* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf.
- * One pass: each of 2 x 4 lanes keeps its largest value and the first index holding it. */
+ * One pass of chunk maxima remembers the first chunk holding the largest; that chunk alone is then
+ * searched for its first occurrence. */
 static inline int64_t row_argmax(const float *row, int64_t n) {
-    floats4 lanes[2] = {(floats4){0} - INFINITY, (floats4){0} - INFINITY};
-    ints4 at[2] = {(ints4){0} - 1, (ints4){0} - 1};
-    const ints4 offsets = {0, 1, 2, 3};
-    int64_t i = 0;
-    for (; i + 2 * LANES - 1 < n && i < INT32_MAX - 2 * LANES; i += 2 * LANES)
-        for (int half = 0; half < 2; half++) {
-            const floats4 v = load4(row + i + half * LANES);
-            const ints4 greater = v > lanes[half];
-            lanes[half] = select4(greater, v, lanes[half]);
-            at[half] = (greater & (offsets + (int32_t)(i + half * LANES))) | (~greater & at[half]);
-        }
     float best = -INFINITY;
-    int64_t index = -1;
-    for (int half = 0; half < 2; half++)
-        for (int lane = 0; lane < LANES; lane++)
-            if (at[half][lane] >= 0 && (lanes[half][lane] > best || (lanes[half][lane] == best && at[half][lane] < index))) {
-                best = lanes[half][lane];
-                index = at[half][lane];
-            }
+    int64_t from = -1, i = 0, index = -1;
+    for (; i + CHUNK <= n; i += CHUNK) {
+        const float top = chunk_max(row + i);
+        if (top > best) {
+            best = top;
+            from = i;
+        }
+    }
     for (; i < n; i++)
         if (row[i] > best) {
             best = row[i];
             index = i;
         }
+    if (index < 0 && from >= 0)
+        for (index = from; !(row[index] == best); index++) continue;
     return index < 0 ? 0 : index;
 }
 
@@ -314,6 +343,25 @@ static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t
         for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
         sums[b] = sum;
     }
+}
+
+/* One row's truncated weights (SPEC §2, not greedy), dense: row[i] = exp((x[i] - max x) / T) (the largest
+ * exactly 1; a non-finite max counts as 0), zero below max(k-th largest, nucleus threshold on the
+ * top-k-renormalised row, min_p) (min_p: NULL for none), and the sums of each block of `block` kept weights
+ * written to sums[ceil(n / block)]. x may be row itself (converted in place of the weights); scratch: room
+ * for n values. */
+static inline void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
+                               double rtol, int64_t block, float *row, float *scratch, double *sums) {
+    float top = row_max(x, n);
+    top = isfinite(top) ? top : 0.0f;
+    const float inverse = 1.0f / temperature;
+    for (int64_t i = 0; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
+    float threshold = row_threshold(row, n, k, top_p, rtol, scratch);
+    if (min_p) {
+        const float ratio = (float)((double)*min_p * (1.0 - rtol));
+        if (ratio > threshold) threshold = ratio;
+    }
+    keep_at_least(row, n, threshold, block, sums);
 }
 
 /* The truncated target weights of SPEC §2 from raw logits, one row at a time while it is in cache:
@@ -353,16 +401,7 @@ CLONES void weigh_rows(const void *logits, int dtype, const int64_t *source, int
             sums[best / block] = 1.0;
             continue;
         }
-        float top = row_max(x, n);
-        top = isfinite(top) ? top : 0.0f;
-        const float inverse = 1.0f / temperature[r];
-        for (int64_t i = 0; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
-        float threshold = row_threshold(row, n, top_k[r], top_p[r], rtol, scratch);
-        if (min_p) {
-            const float ratio = (float)((double)min_p[r] * (1.0 - rtol));
-            if (ratio > threshold) threshold = ratio;
-        }
-        keep_at_least(row, n, threshold, block, sums);
+        weigh_dense(x, n, temperature[r], top_k[r], top_p[r], min_p ? min_p + r : NULL, rtol, block, row, scratch, sums);
     }
     free(scratch);
     }
@@ -442,23 +481,48 @@ static inline float residual_term(float w, float q, float scale) {
     return v > 0.0f ? v : 0.0f;
 }
 
+/* The first of count ascending ids that is >= i (count when none). */
+static inline int64_t first_at_least(const int32_t *ids, int64_t count, int64_t i) {
+    int64_t low = 0, high = count;
+    while (low < high) {
+        const int64_t mid = (low + high) / 2;
+        if (ids[mid] < i)
+            low = mid + 1;
+        else
+            high = mid;
+    }
+    return low;
+}
+
+/* The weight of token i in a row held densely (ids NULL: w[n]) or sparsely (count (id, weight) pairs, ids
+ * ascending; 0 for a token not held). */
+static inline float weight_at(const float *w, const int32_t *ids, int64_t count, int64_t i) {
+    if (!ids) return w[i];
+    const int64_t at = first_at_least(ids, count, i);
+    return at < count && ids[at] == i ? w[at] : 0.0f;
+}
+
 /* The token a two-level inverse-CDF walk reaches with one uniform: the block whose cumulative sum passes
  * uniform * (the sum of the block sums), then the token inside it, by the terms the sums were made of:
  * w, or max(0, w * scale - q) where q is given; `excluded` (or none: -1) is passed over. Only a positive
- * term can be drawn (rounding falls back to the last one); 0 when no block is positive. */
-static inline int64_t draw(const float *w, const float *q, float scale, int64_t excluded, int64_t n, int64_t block,
-                           const double *sums, double uniform) {
+ * term can be drawn (rounding falls back to the last one); 0 when no block is positive. The row is dense
+ * (ids NULL: w and q [n]) or sparse (w and q [count] of the tokens ids[count], ascending; every other
+ * token's term is 0), the same walk either way. */
+static inline int64_t draw(const float *w, const int32_t *ids, int64_t count, const float *q, float scale,
+                           int64_t excluded, int64_t n, int64_t block, const double *sums, double uniform) {
     const int64_t blocks = (n + block - 1) / block;
     double total = 0.0, before = 0.0;
     for (int64_t b = 0; b < blocks; b++) total += sums[b];
     const double target = uniform * total;
     const int64_t chosen = choose_block(sums, blocks, target, &before);
     if (chosen < 0) return 0;
-    const int64_t end = (chosen + 1) * block < n ? (chosen + 1) * block : n;
+    const int64_t start = chosen * block, end = start + block < n ? start + block : n;
     int64_t token = 0;
     double acc = before;
-    for (int64_t i = chosen * block; i < end; i++) {
-        const float v = q ? residual_term(w[i], q[i], scale) : w[i];
+    for (int64_t j = ids ? first_at_least(ids, count, start) : start; j < (ids ? count : end); j++) {
+        const int64_t i = ids ? ids[j] : j;
+        if (i >= end) break;
+        const float v = q ? residual_term(w[j], q[j], scale) : w[j];
         if (!(v > 0.0f) || i == excluded) continue;
         token = i;
         acc += v;
@@ -474,7 +538,7 @@ CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const dou
     const int64_t blocks = (n + block - 1) / block;
 #pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * block >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; r++)
-        out[r] = draw(weights + r * n, NULL, 1.0f, -1, n, block, block_sums + r * blocks, uniforms[r]);
+        out[r] = draw(weights + r * n, NULL, 0, NULL, 1.0f, -1, n, block, block_sums + r * blocks, uniforms[r]);
 }
 
 /* Recovery modes of sampled verification, per position. */
@@ -500,6 +564,59 @@ static inline double residual_block_sums(const float *w, const float *q, int64_t
     return total;
 }
 
+/* The sums of each block of `block` tokens of a row held sparsely: count (id, value) pairs, ids ascending,
+ * every other token 0; a pair's term is its value w, or max(0, w * scale - q) where q[count] is given.
+ * The same float lanes and double additions, in the same order, as the dense sums of keep_at_least and
+ * residual_block_sums (a token that is not held adds +0 to its lane there, which changes no sum), so the
+ * sums are bit for bit those of the dense row. Writes sums[ceil(n / block)]; returns their total. */
+static inline double kept_block_sums(const int32_t *ids, const float *w, const float *q, float scale, int64_t count, int64_t n,
+                              int64_t block, double *sums) {
+    const int64_t blocks = (n + block - 1) / block;
+    double total = 0.0;
+    for (int64_t b = 0, j = 0; b < blocks; b++) {
+        const int64_t start = b * block, end = start + block < n ? start + block : n;
+        const int64_t in_lanes = start + (end - start) / 16 * 16; /* tokens before it go to lanes */
+        float lanes[16] = {0};
+        double sum = 0.0;
+        for (; j < count && ids[j] < end; j++) {
+            const float term = q ? residual_term(w[j], q[j], scale) : w[j];
+            if (ids[j] < in_lanes)
+                lanes[(ids[j] - start) % 16] += term;
+            else
+                sum += term;
+        }
+        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+        sums[b] = sum;
+        total += sum;
+    }
+    return total;
+}
+
+/* One position's recovery draw (see recover_rows) from its weights, dense (ids NULL: w and q [n]) or
+ * sparse (w and q [count] at the tokens ids[count], ascending; the residual of a token not held is
+ * max(0, -q) = 0), with their block sums weight_sums, their total mass, the draft token d and the
+ * position's mode; sums: room for ceil(n / block) doubles. */
+CLONES static int64_t recover(const float *w, const int32_t *ids, int64_t count, const float *q, const double *weight_sums,
+                       double mass, int64_t d, int32_t mode, double uniform, int64_t n, int64_t block, double *sums) {
+    const int64_t blocks = (n + block - 1) / block;
+    const float scale = (float)(1.0 / mass);
+    int use_q = mode == FROM_RESIDUAL;
+    const int64_t excluded = mode == WITHOUT_DRAFT ? d : -1;
+    double residual = 0.0;
+    if (use_q)
+        residual = ids ? kept_block_sums(ids, w, q, scale, count, n, block, sums)
+                       : residual_block_sums(w, q, n, scale, block, sums);
+    if (!(residual > 0.0)) {
+        use_q = 0;
+        memcpy(sums, weight_sums, (size_t)blocks * sizeof *sums);
+        if (excluded >= 0) {
+            const double left = sums[excluded / block] - weight_at(w, ids, count, excluded);
+            sums[excluded / block] = left > 0.0 ? left : 0.0;
+        }
+    }
+    return draw(w, ids, count, use_q ? q : NULL, scale, excluded, n, block, sums, uniform);
+}
+
 /* The recovery draw of sampled verification (SPEC §3.2) for each position, without materialising the
  * residual: token i with probability proportional to max(0, p~_i - q_i) where p~ = w / mass
  * (FROM_RESIDUAL; an all-zero residual falls back to p~), to p~ without the drafted token
@@ -520,19 +637,201 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
     for (int64_t r = 0; r < rows; r++) {
         const int64_t weight_row = (r / positions) * weight_positions + r % positions;
         const float *w = weights + weight_row * n, *q = float_row(draft_probs, draft_dtype, r, n, buffer);
-        const float scale = (float)(1.0 / mass[r]);
-        int use_q = mode[r] == FROM_RESIDUAL;
-        const int64_t excluded = mode[r] == WITHOUT_DRAFT ? draft[r] : -1;
-        const double residual = use_q ? residual_block_sums(w, q, n, scale, block, sums) : 0.0;
-        if (!(residual > 0.0)) {
-            use_q = 0;
-            memcpy(sums, weight_sums + weight_row * blocks, (size_t)blocks * sizeof *sums);
-            if (excluded >= 0) {
-                const double left = sums[excluded / block] - w[excluded];
-                sums[excluded / block] = left > 0.0 ? left : 0.0;
+        out[r] = recover(w, NULL, 0, q, weight_sums + weight_row * blocks, mass[r], draft[r], mode[r], uniforms[r], n,
+                         block, sums);
+    }
+    free(sums);
+    free(buffer);
+    }
+}
+
+/* Margin below the k-th largest scaled logit y = (x - max x) / T within which tokens stay candidates for
+ * the kept set of a top-k row: exp_nonpositive is within a few ulp of exp (relative 1e-6 at most) where
+ * y >= SPARSE_LOWEST, so a token more than this below the k-th in y weighs less than each of the k
+ * largest, whatever the rounding. */
+#define CANDIDATE_MARGIN 1e-3f
+/* The k-th largest y from which a top-k row is weighed sparsely (below, subnormal weights: dense). */
+#define SPARSE_LOWEST -80.0f
+
+/* One row's truncated weights as weigh_rows makes them, held sparsely where that can be done without a
+ * pass of exp over the row: a greedy row is one-hot at its argmax, and a row with 0 < k <= HEAP_LIMIT
+ * finds the k largest raw logits (exp is monotone, so they are the tokens of the k largest weights) in
+ * one streaming pass of chunk maxima, the k-th largest of which is a floor for them, then a heap over
+ * the few chunks above it (in cache); it weighs only the candidates within CANDIDATE_MARGIN of the k-th:
+ * those hold every weight >= the k-th, and the k-th, the nucleus and the kept set are computed from them
+ * exactly as the dense path computes them from the whole row. Returns the number of tokens kept, their ids (ascending) in
+ * ids[] and weights in kept[] (at most `capacity`: room for n in both), or -1 where the row was weighed
+ * densely into row[n] (weigh_dense; x may be row). Writes the block sums to sums[ceil(n / block)], bit for
+ * bit those of the dense row. scratch: room for n + ceil(n / CHUNK) values. */
+CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
+                          const float *min_p, double rtol, int64_t block, int64_t capacity, float *row, float *scratch,
+                          int32_t *ids, float *kept, double *sums) {
+    const int64_t blocks = (n + block - 1) / block;
+    if (temperature < greedy_below) {
+        const int64_t best = row_argmax(x, n);
+        memset(sums, 0, (size_t)blocks * sizeof *sums);
+        sums[best / block] = 1.0;
+        ids[0] = (int32_t)best;
+        kept[0] = 1.0f;
+        return 1;
+    }
+    if (k > 0 && k < n && k <= HEAP_LIMIT && k <= capacity) {
+        /* the k-th largest chunk maximum: a floor that at least k logits reach */
+        const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+        float *chunk_top = scratch + n;
+        chunk_maxima(x, n, chunk_top);
+        largest_k(chunk_top, chunks, k < chunks ? k : chunks, -INFINITY, NULL, scratch);
+        largest_k(x, n, k, k <= chunks ? scratch[0] : -INFINITY, chunk_top, scratch);
+        float top = -INFINITY;
+        for (int64_t i = 0; i < k; i++) top = scratch[i] > top ? scratch[i] : top;
+        const float inverse = 1.0f / temperature, kth_y = (scratch[0] - top) * inverse;
+        if (isfinite(top) && kth_y >= SPARSE_LOWEST) {
+            const float lowest = kth_y - CANDIDATE_MARGIN;
+            int64_t count = 0;
+            for (int64_t start = 0, chunk = 0; start < n; start += CHUNK, chunk++) {
+                if (!((chunk_top[chunk] - top) * inverse >= lowest)) continue;
+                const int64_t end = start + CHUNK < n ? start + CHUNK : n;
+                for (int64_t i = start; i < end; i++) { /* (branch-free: which tokens pass is unpredictable) */
+                    ids[count] = (int32_t)i;
+                    count += (x[i] - top) * inverse >= lowest;
+                }
+            }
+            for (int64_t j = 0; j < count; j++) kept[j] = x[ids[j]];
+            for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);
+            memcpy(scratch, kept, (size_t)count * sizeof *kept);
+            qsort(scratch, (size_t)count, sizeof *scratch, descending);
+            float threshold = scratch[k - 1];
+            if (top_p < 1.0f) {
+                int64_t at_least = k;
+                while (at_least < count && scratch[at_least] >= threshold) at_least++;
+                threshold = nucleus_of_largest(scratch, k, at_least, top_p, rtol);
+            }
+            if (min_p) {
+                const float ratio = (float)((double)*min_p * (1.0 - rtol));
+                if (ratio > threshold) threshold = ratio;
+            }
+            int64_t held = 0;
+            for (int64_t j = 0; j < count; j++)
+                if (kept[j] >= threshold) {
+                    ids[held] = ids[j];
+                    kept[held++] = kept[j];
+                }
+            if (held <= capacity) {
+                kept_block_sums(ids, kept, NULL, 1.0f, held, n, block, sums);
+                return held;
             }
         }
-        out[r] = draw(w, use_q ? q : NULL, scale, excluded, n, block, sums, uniforms[r]);
+    }
+    weigh_dense(x, n, temperature, k, top_p, min_p, rtol, block, row, scratch, sums);
+    return -1;
+}
+
+/* SplitMix64's finaliser (rng.mix64). */
+static inline uint64_t mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* rng.keyed_uniform of one key with a stream's salt (rng.stream_salt): 53 bits of mix64(mix64(key) ^ salt)
+ * as a double in [0, 1), bit for bit. */
+static inline double keyed_uniform(uint64_t key, uint64_t salt) {
+    return (double)(mix64(mix64(key) ^ salt) >> 11) * 0x1p-53;
+}
+
+/* Element i of row r of an [rows, n] matrix of `dtype` elements, as float32 (exactly). */
+static inline float element_of(const void *matrix, int dtype, int64_t r, int64_t n, int64_t i) {
+    if (dtype == FLOAT32) return ((const float *)matrix)[r * n + i];
+    const uint16_t bits = ((const uint16_t *)matrix)[r * n + i];
+    return dtype == BFLOAT16 ? float_of((uint32_t)bits << 16) : half_to_float(bits);
+}
+
+/* The target draws of the stochastic rows of a verifier call (SPEC §2, §4), the weights never written out
+ * unless asked for: per row, its truncated weights as weigh_rows makes them (weigh_kept: sparse where it
+ * can, else dense in a row of this thread's), then the inverse-CDF draw with the keyed uniform of key
+ * seeds[b] + j and `salt` (rng.stream_salt(STREAM_TARGET)), the tokens sample_rows would give.
+ * `requests` requests of `per_position` rows each: row r = b * per_position + j of logits [rows, n] of
+ * `dtype`; temperature, top_k, top_p, min_p (may be NULL), seeds: per request [requests]. Writes tokens
+ * [rows]. For sampled verification (draft not NULL: [requests, per_position - 1], -1 where none), also,
+ * at every drafted position (j < per_position - 1): at_draft[b * (per_position - 1) + j], the weight of its
+ * draft token (0 where none), and accept_uniforms[same], the uniform of the ratio test (key seeds[b] + j,
+ * accept_salt: rng.stream_salt(STREAM_ACCEPT)); block_sums [rows, ceil(n / block)] (every row); and the weights for the
+ * recovery: kept_count[r] >= 0 tokens in kept_ids / kept_weights [rows, capacity] (ids ascending), or -1
+ * and the whole row in dense [rows, n]. */
+CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t per_position, int64_t n,
+                      const float *temperature, float greedy_below, const int64_t *top_k, const float *top_p,
+                      const float *min_p, double rtol, int64_t block, const int64_t *seeds, uint64_t salt,
+                      const int64_t *draft, uint64_t accept_salt, int64_t *tokens, float *at_draft,
+                      double *accept_uniforms, double *block_sums, int64_t capacity,
+                      int32_t *kept_ids, float *kept_weights, int64_t *kept_count, float *dense) {
+    const int64_t blocks = (n + block - 1) / block, rows = requests * per_position, drafted = per_position - 1;
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
+    float *local = malloc((size_t)n * sizeof *local), *kept = malloc((size_t)n * sizeof *kept);
+    float *scratch = malloc((size_t)(n + n / CHUNK + 1) * sizeof *scratch);
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    double *own_sums = malloc((size_t)blocks * sizeof *own_sums);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / per_position, j = r % per_position, position = b * drafted + j;
+        const int recovers = draft && j < drafted; /* its weights go to the recovery draw */
+        float *row = recovers ? dense + r * n : local;
+        double *sums = draft ? block_sums + r * blocks : own_sums;
+        const float *x = float_row(logits, dtype, r, n, row); /* converted in place of the weights */
+        const int64_t count = weigh_kept(x, n, temperature[b], greedy_below, top_k[b], top_p[b],
+                                         min_p ? min_p + b : NULL, rtol, block, capacity, row, scratch, ids, kept, sums);
+        const float *w = count < 0 ? row : kept;
+        const int32_t *held = count < 0 ? NULL : ids;
+        tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, salt));
+        if (!recovers) continue;
+        const int64_t d = draft[position];
+        at_draft[position] = d >= 0 && d < n ? weight_at(w, held, count, d) : 0.0f;
+        accept_uniforms[position] = keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, accept_salt);
+        kept_count[r] = count;
+        if (count >= 0) {
+            memcpy(kept_ids + r * capacity, ids, (size_t)count * sizeof *ids);
+            memcpy(kept_weights + r * capacity, kept, (size_t)count * sizeof *kept);
+        }
+    }
+    free(local);
+    free(kept);
+    free(scratch);
+    free(ids);
+    free(own_sums);
+    }
+}
+
+/* recover_rows on the weights draw_rows left for the recovery (kept_count, kept_ids, kept_weights
+ * [.., capacity], dense [.., n], block sums weight_sums [.., ceil(n / block)]; position j of request b at
+ * row b * (positions + 1) + j of them), a sparse row reading q only at its kept tokens. The uniform of
+ * position j is keyed by seeds[b] + j and `salt` (rng.stream_salt(STREAM_RESIDUAL)). draft_probs
+ * [requests, positions, n] of draft_dtype; mass: double, draft, mode: [requests, positions]; out: ids,
+ * same shape. */
+CLONES void recover_kept_rows(const int64_t *kept_count, const int32_t *kept_ids, const float *kept_weights,
+                              int64_t capacity, const float *dense, const double *weight_sums, const double *mass,
+                              const void *draft_probs, int draft_dtype, const int64_t *draft, const int32_t *mode,
+                              const int64_t *seeds, uint64_t salt, int64_t requests, int64_t positions, int64_t n,
+                              int64_t block, int64_t *out) {
+    const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
+    double *sums = malloc((size_t)blocks * sizeof *sums);
+    float *buffer = malloc((size_t)n * sizeof *buffer);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / positions, j = r % positions, weight_row = b * (positions + 1) + j;
+        const int64_t count = kept_count[weight_row];
+        const double uniform = keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, salt);
+        if (count < 0) {
+            const float *q = float_row(draft_probs, draft_dtype, r, n, draft_dtype == FLOAT32 ? NULL : buffer);
+            out[r] = recover(dense + weight_row * n, NULL, 0, q, weight_sums + weight_row * blocks, mass[r], draft[r],
+                             mode[r], uniform, n, block, sums);
+            continue;
+        }
+        const int32_t *ids = kept_ids + weight_row * capacity;
+        for (int64_t t = 0; t < count; t++) buffer[t] = element_of(draft_probs, draft_dtype, r, n, ids[t]);
+        out[r] = recover(kept_weights + weight_row * capacity, ids, count, buffer, weight_sums + weight_row * blocks,
+                         mass[r], draft[r], mode[r], uniform, n, block, sums);
     }
     free(sums);
     free(buffer);

@@ -1,0 +1,116 @@
+"""The native draws of a chain call (draw_rows, recover_kept_rows) against the per-op kernels they replace in
+the verifier: weigh_rows' weights and block sums, sample_rows' draws and recover_rows' recoveries, bit for bit.
+
+draw_rows holds a top-k row sparsely (the k largest raw logits, then only the candidates near the k-th
+exponentiated) and a greedy row as its argmax alone, so each case below compares every block sum, every
+draft token's weight and every token with the dense path: ties at the k-th, -inf tokens, min-p, top-k above
+the sparse capacity, float32, bfloat16 and float16 logits and draft probabilities.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specverify.categorical import block_size
+from specverify.kernels import native
+from specverify.rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, row_keys, stream_salt
+from specverify.truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE
+from tests.support.backends import native_available
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+
+#: (requests, drafted positions, V, logits dtype, kind of logits)
+CASES = [
+    (6, 3, 12, torch.float32, "ties"),
+    (5, 4, 1000, torch.float32, "normal"),
+    (4, 2, 4097, torch.bfloat16, "normal"),
+    (4, 3, 3000, torch.float16, "ties"),
+    (3, 4, 50000, torch.float32, "heavy"),
+    (8, 1, 2048, torch.float32, "minus-inf"),
+]
+
+
+def _logits(rows: int, vocab: int, kind: str, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    if kind == "ties":
+        x = torch.randint(-3, 3, (rows, vocab), generator=g).float()
+    else:
+        x = torch.randn(rows, vocab, generator=g) * 3
+    if kind == "heavy":
+        x.scatter_add_(1, torch.randint(0, vocab, (rows, 8), generator=g), torch.rand(rows, 8, generator=g) * 8 + 4)
+    if kind == "minus-inf":
+        x[torch.rand(rows, vocab, generator=g) < 0.5] = float("-inf")
+    return x.to(dtype)
+
+
+def _params(requests: int, vocab: int, g: torch.Generator):
+    pick = lambda values: torch.tensor(values)[torch.randint(0, len(values), (requests,), generator=g)]  # noqa: E731
+    temperature = pick([0.0, 0.3, 0.8, 1.0, 1.7])
+    top_k = pick([-1, 1, 2, 5, 50, 3000, vocab - 1, vocab])
+    top_p = pick([1.0, 0.9, 0.5, 1e-3])
+    min_p = pick([0.0, 0.05, 0.3])
+    return temperature, top_k, top_p, min_p
+
+
+@pytest.mark.parametrize("use_min_p", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[2]}-{c[3]}-{c[4]}" for c in CASES])
+def test_draws_match_the_dense_kernels_bit_for_bit(case, use_min_p):
+    requests, positions, vocab, dtype, kind = case
+    g = torch.Generator().manual_seed(vocab + positions + use_min_p)
+    per_position = positions + 1
+    rows = requests * per_position
+    logits = _logits(rows, vocab, kind, dtype, g)
+    temperature, top_k, top_p, min_p = _params(requests, vocab, g)
+    min_p = min_p if use_min_p else None
+    seeds = torch.randint(0, 2**62, (requests,), generator=g)
+    draft = torch.randint(-1, vocab, (requests, positions), generator=g)
+    block = block_size(vocab)
+
+    def each_row(value):
+        return None if value is None else value.repeat_interleave(per_position)
+
+    weights = torch.empty(rows, vocab)
+    sums = native.weigh_rows(
+        logits, *map(each_row, (temperature,)), GREEDY_TEMPERATURE, *map(each_row, (top_k, top_p, min_p)),
+        BOUNDARY_RTOL, block, weights,
+    )  # fmt: skip
+    uniforms = keyed_uniform(row_keys(seeds, per_position), STREAM_TARGET).reshape(-1)
+    expected = native.sample_rows(weights, sums, block, uniforms)
+    params = (temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block, seeds)
+    salt = stream_salt(STREAM_TARGET)
+    assert torch.equal(native.draw_rows(logits, per_position, *params, salt), expected)
+
+    dense = torch.full((rows, vocab), float("nan"))
+    drawn = native.draw_rows(logits, per_position, *params, salt, draft, stream_salt(STREAM_ACCEPT), dense)
+    tokens, at_draft, accept_uniforms, drawn_sums, kept = drawn
+    assert torch.equal(tokens, expected)
+    expected_uniforms = keyed_uniform(row_keys(seeds, positions), STREAM_ACCEPT)
+    assert torch.equal(accept_uniforms.view(torch.int64), expected_uniforms.view(torch.int64))
+    assert torch.equal(drawn_sums.view(torch.int64), sums.view(torch.int64))
+    grid = weights.view(requests, per_position, vocab)[:, :positions]
+    present = draft >= 0
+    expected_at_draft = grid.gather(-1, draft.clamp(min=0)[..., None])[..., 0]
+    assert torch.equal(at_draft[present].view(torch.int32), expected_at_draft[present].view(torch.int32))
+
+    mass = sums.view(requests, per_position, -1).sum(-1)[:, :positions]
+    q = torch.softmax(torch.randn(requests, positions, vocab, generator=g) * 2, -1)
+    q[torch.rand(requests, positions, vocab, generator=g) < 0.3] = 0
+    q = q / q.sum(-1, keepdim=True)
+    q[0] = grid[0] / mass[0, :, None].float()  # q = p~ itself: an empty residual
+    for q_dtype in (torch.float32, torch.bfloat16):
+        mode = torch.randint(0, 3, (requests, positions), generator=g, dtype=torch.int32)
+        residual_uniforms = keyed_uniform(row_keys(seeds, positions), STREAM_RESIDUAL)
+        expected_recovery = native.recover_rows(
+            weights.view(requests, per_position, vocab),
+            sums.view(requests, per_position, -1),
+            mass,
+            q.to(q_dtype),
+            draft,
+            mode,
+            residual_uniforms,
+            block,
+        )
+        recovered = native.recover_kept_rows(
+            kept, drawn_sums, mass, q.to(q_dtype), draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block
+        )
+        assert torch.equal(recovered, expected_recovery)

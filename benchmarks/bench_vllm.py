@@ -27,8 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-NETWORK = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}  # fmt: skip
+from specverify.integrations.vllm.check import CPU_KV_CACHE, ENVIRONMENT
+
+#: Every vLLM process here: usage statistics off, loopback host, offline, a 2 GiB CPU KV cache.
+NETWORK = {**ENVIRONMENT, **CPU_KV_CACHE}
 os.environ.update(NETWORK)
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}

@@ -72,12 +72,10 @@ def model_folder() -> Path:
 def environment(plugin: bool, **extra: str) -> dict[str, str]:
     """The environment of every vLLM process here: no usage statistics, loopback host, offline, a 2 GiB
     KV cache; SPECVERIFY_VLLM=1 when `plugin`, and removed otherwise."""
-    env = dict(os.environ)
+    from specverify.integrations.vllm.check import CPU_KV_CACHE, ENVIRONMENT
+
+    env = {**os.environ, **ENVIRONMENT, **CPU_KV_CACHE}
     env.pop("SPECVERIFY_VLLM", None)
-    env.update(
-        VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_HOST_IP="127.0.0.1", HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="2",
-    )  # fmt: skip
     if plugin:
         env["SPECVERIFY_VLLM"] = "1"
     env.update(extra)

@@ -28,10 +28,11 @@ DESCRIPTION = (
     "truncated_probs against the float64 oracle (exactness), committed tokens against exact laws by chi-square, "
     "with power (statistics), every token against the same call on a reference (the CPU; on the CPU, its torch "
     "reference path), each difference classified (parity), and the cost of a call beside one read of the "
-    "logits (timing). The last line of the output is one JSON object with every result. Exit status 0 when "
+    "logits (timing); where vLLM is installed, its engine with the specverify plug-in, seeded requests compared with n-gram "
+    "speculation on and off (vllm). The last line of the output is one JSON object with every result. Exit status 0 when "
     "every check passed (or --device cuda finds no CUDA device), 1 when one failed, 2 on bad arguments."
 )
-SECTIONS = ("exactness", "statistics", "parity", "timing")
+SECTIONS = ("exactness", "statistics", "parity", "timing", "vllm")
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -87,6 +88,17 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(SECTIONS),
         help=f"the sections to run, comma-separated (default: {','.join(SECTIONS)})",
     )
+    parser.add_argument(
+        "--vllm-model",
+        default=None,
+        help="the model of the vllm section: a folder or a name vLLM loads offline (default: the embedded "
+        "SmolLM2 from the model cache)",
+    )
+    parser.add_argument(
+        "--vllm-stock",
+        action="store_true",
+        help="self-test of the vllm section: the same comparison on stock vLLM, without the plug-in (expected to fail)",
+    )
     parser.set_defaults(run=run_check_command)
 
 
@@ -124,7 +136,17 @@ def run_check_command(args: argparse.Namespace) -> int:
     )
     reference = Target(args.reference, native=not reference_fallback)
     rows = args.rows or (4000 if args.quick else 20_000)
-    report = run_checks(candidate, reference, args.quick, rows, args.rtol, args.kept_set_mass, args.sections)
+    report = run_checks(
+        candidate,
+        reference,
+        args.quick,
+        rows,
+        args.rtol,
+        args.kept_set_mass,
+        args.sections,
+        args.vllm_model,
+        args.vllm_stock,
+    )
     print_report(report)
     print(json.dumps(report, default=float))
     return 0 if report["passed"] else 1

@@ -13,6 +13,7 @@ from .parity import parity_check
 from .statistics import statistics_check
 from .targets import Target
 from .timing import timing_check
+from .vllm import print_vllm, vllm_section
 
 
 def print_report(report: dict, out=None) -> None:
@@ -73,7 +74,9 @@ def print_report(report: dict, out=None) -> None:
         print(f"  timing      {shape} float32 on {t['backend']}, median x one torch.amax read:", file=out)
         for name, case in t["cases"].items():
             print(f"    {name:<32} {case['median_ms']:>9.3f} ms  {case['x_read_floor']:>6.2f}x", file=out)
-    for section in ("exactness", "statistics", "parity"):
+    if "vllm" in report:
+        print_vllm(report["vllm"], out)
+    for section in ("exactness", "statistics", "parity", "vllm"):
         for failure in report.get(section, {}).get("failures", []):
             print(f"  FAILED {section}: {failure}", file=out)
 
@@ -86,9 +89,12 @@ def run_checks(
     rtol: float,
     kept_mass: float,
     sections: tuple[str, ...],
+    vllm_model: str | None = None,
+    vllm_stock: bool = False,
 ) -> dict:
-    """Run the sections named (of exactness, statistics, parity, timing) on the candidate, parity against
-    the reference -> the report, JSON-ready: each section's results, the seconds taken, whether all passed."""
+    """Run the sections named (of exactness, statistics, parity, timing, vllm) on the candidate, parity
+    against the reference, the vLLM plug-in where vLLM is installed (on `vllm_model`, default the embedded
+    model; vllm_stock: stock vLLM, the section's self-test) -> the report, JSON-ready: each section's results, the seconds taken, whether all passed."""
     report: dict = dict(candidate=str(candidate), reference=str(reference), torch=torch.__version__)
     if candidate.device.startswith("cuda"):
         report["device_name"] = torch.cuda.get_device_name(torch.device(candidate.device))
@@ -101,6 +107,8 @@ def run_checks(
         report["parity"] = parity_check(reference, candidate, quick, rtol, kept_mass)
     if "timing" in sections:
         report["timing"] = timing_check(candidate, quick)
+    if "vllm" in sections:
+        report["vllm"] = vllm_section(vllm_model, vllm_stock)
     report["seconds"] = round(time.time() - started, 1)
     report["passed"] = all(report[s]["passed"] for s in sections)
     return report

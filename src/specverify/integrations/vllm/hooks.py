@@ -26,6 +26,8 @@ from ... import kernels, sample, stochastic_acceptance_sampler
 from . import layout, options
 from .rows import RequestRows
 
+#: How the line an engine logs when the plug-in is on begins.
+PLUGIN_ON = "specverify plug-in on"
 #: The attribute holding a runner's (and its samplers') shared state.
 STATE = "_specverify_rows"
 
@@ -224,7 +226,7 @@ def _describe(runner: Any) -> str:
         "drafts by specverify.stochastic_acceptance_sampler, " if getattr(runner, "rejection_sampler", None) else ""
     )
     return (
-        f"specverify plug-in on (vLLM {vllm.__version__}, V1 model runner): {verifies}plain steps by "
+        f"{PLUGIN_ON} (vLLM {vllm.__version__}, V1 model runner): {verifies}plain steps by "
         f"specverify.sample; backend {backend} ({where}) on {runner.device}"
     )
 
@@ -273,7 +275,7 @@ def _wrap_initialize_kv_caches(original):
         lines = self.model_executor.collective_rpc(worker_check)
         from vllm.logger import init_logger
 
-        init_logger("vllm.specverify").info("%s", lines[0] if lines else "specverify plug-in on")
+        init_logger("vllm.specverify").info("%s", lines[0] if lines else PLUGIN_ON)
         return result
 
     _initialize_kv_caches._specverify_original = original

@@ -228,9 +228,21 @@ def draw_rows(
     each draft token's weight float32 [B, per_position - 1], the ratio test's uniforms float64
     [B, per_position - 1], block sums float64 [R, ceil(V / block)], the kept weights for recover_kept_rows)."""
     return _ops(logits).draw_rows(
-        logits, per_position, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seeds, salt, draft,
-        accept_salt, dense,
-    )  # fmt: skip
+        logits,
+        per_position,
+        temperature,
+        greedy_below,
+        top_k,
+        top_p,
+        min_p,
+        rtol,
+        block,
+        seeds,
+        salt,
+        draft,
+        accept_salt,
+        dense,
+    )
 
 
 def recover_kept_rows(

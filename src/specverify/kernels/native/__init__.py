@@ -344,6 +344,11 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
     return out
 
 
+def _row_address(tensor: torch.Tensor | None, start: int, per_row: int) -> int | None:
+    """The address of row `start` of a contiguous tensor of `per_row` elements a row (None for None)."""
+    return None if tensor is None else tensor.data_ptr() + start * per_row * tensor.element_size()
+
+
 #: The most tokens a row's kept set may hold to reach the recovery draw sparsely (draw_rows); a larger one
 #: is handed over as a dense row of weights.
 KEPT_CAPACITY = 1024
@@ -392,10 +397,7 @@ def draw_rows(
         ids = torch.empty(rows, KEPT_CAPACITY, dtype=torch.int32)
         weights = torch.empty(rows, KEPT_CAPACITY, dtype=torch.float32)
     library = load()
-
-    def address(tensor: torch.Tensor | None, start: int, per_row: int) -> int | None:
-        """The address of row `start` of a tensor of `per_row` elements a row (None for None)."""
-        return None if tensor is None else tensor.data_ptr() + start * per_row * tensor.element_size()
+    address = _row_address
 
     def run(a: int, b: int) -> None:
         first, drafted = a * per_position, per_position - 1
@@ -452,7 +454,6 @@ def recover_kept_rows(
     requests, positions, vocab = draft_probs.shape
     blocks = weight_sums.shape[-1]
     draft_probs, draft_dtype = _readable(draft_probs)
-    width = draft_probs.element_size()
     mass, seeds = _as(mass, torch.float64), _as(seeds, torch.int64)
     draft, mode = _as(draft, torch.int64), _as(mode, torch.int32)
     out = torch.empty(requests, positions, dtype=torch.int64)
@@ -461,24 +462,24 @@ def recover_kept_rows(
     def run(a: int, b: int) -> None:
         first, weight_row = a * positions, a * (positions + 1)
         library.recover_kept_rows(
-            count.data_ptr() + weight_row * 8,
-            ids.data_ptr() + weight_row * KEPT_CAPACITY * 4,
-            weights.data_ptr() + weight_row * KEPT_CAPACITY * 4,
+            _row_address(count, weight_row, 1),
+            _row_address(ids, weight_row, KEPT_CAPACITY),
+            _row_address(weights, weight_row, KEPT_CAPACITY),
             KEPT_CAPACITY,
-            dense.data_ptr() + weight_row * vocab * 4,
-            weight_sums.data_ptr() + weight_row * blocks * 8,
-            mass.data_ptr() + first * 8,
-            draft_probs.data_ptr() + first * vocab * width,
+            _row_address(dense, weight_row, vocab),
+            _row_address(weight_sums, weight_row, blocks),
+            _row_address(mass, first, 1),
+            _row_address(draft_probs, first, vocab),
             draft_dtype,
-            draft.data_ptr() + first * 8,
-            mode.data_ptr() + first * 4,
-            seeds.data_ptr() + a * 8,
+            _row_address(draft, first, 1),
+            _row_address(mode, first, 1),
+            _row_address(seeds, a, 1),
             salt,
             b - a,
             positions,
             vocab,
             block,
-            out.data_ptr() + first * 8,
+            _row_address(out, first, 1),
         )
 
     _split_rows(requests, run)

@@ -14,6 +14,8 @@ PAD = -1
 
 #: Row spreading constant for a seed shared by the batch (SPEC §4): row b uses s + b * ROW_STRIDE (mod 2**64).
 ROW_STRIDE = 0x9E3779B97F4A7C15
+#: Seeds and keys are uint64 (SPEC §4): arithmetic on them is taken modulo 2**64 by this mask.
+MASK64 = (1 << 64) - 1
 
 DraftProposal = Literal["argmax", "sampled"]
 #: How drafts were proposed (SPEC §1): "argmax" (any deterministic drafter) or "sampled" (drawn from q).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .contract import ROW_STRIDE
+from .contract import MASK64, ROW_STRIDE
 
 #: Stream of the target sample y_j (SPEC §3.1) and of every bonus token.
 STREAM_TARGET = 0
@@ -21,7 +21,6 @@ STREAM_RESIDUAL = 2
 #: rank r >= 1 uses stream STREAM_SIBLING + r - 1 (rank 0 uses STREAM_ACCEPT, as a chain does).
 STREAM_SIBLING = 3
 
-_MASK64 = (1 << 64) - 1
 #: Up to this many keys on the CPU, keyed_uniform_read mixes them as Python ints (one read, one write):
 #: the same bits as the ~20 torch ops of keyed_uniform, which cost more at such sizes.
 HOST_KEYS = 64
@@ -32,7 +31,7 @@ _STREAM_SALT = 0xD1B54A32D192ED03
 
 def as_int64_bits(value: int) -> int:
     """The int64 whose bit pattern is `value` modulo 2**64 (uint64 semantics for Python ints)."""
-    value &= _MASK64
+    value &= MASK64
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -50,9 +49,9 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
 
 def _mix64_int(x: int) -> int:
     """mix64 on a Python int (uint64 in, uint64 out); used for per-stream salts."""
-    x &= _MASK64
-    x = ((x ^ (x >> 30)) * _MIX_1) & _MASK64
-    x = ((x ^ (x >> 27)) * _MIX_2) & _MASK64
+    x &= MASK64
+    x = ((x ^ (x >> 30)) * _MIX_1) & MASK64
+    x = ((x ^ (x >> 27)) * _MIX_2) & MASK64
     return x ^ (x >> 31)
 
 

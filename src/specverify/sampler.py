@@ -38,6 +38,7 @@ from .truncation import (
 )
 from .verdicts import (
     argmax_verdict,
+    drawn_argmax_verdicts,
     first_rejections_read,
     greedy_verdict,
     ratio_test,
@@ -248,6 +249,8 @@ def stochastic_acceptance_sampler(
         )
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
+    if draft_proposal == "argmax" and in_thinking_phase is None and kernels.backend_for(masked).draws_rows:
+        return drawn_argmax_verdicts(draft_tokens, masked, temperature, top_k, top_p, min_p, seed, shared_seed)
     if on_host:
         params = (temperature, top_k, top_p, min_p)
         return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed), max_k, needs_top_p)

@@ -12,6 +12,7 @@ import torch
 
 from . import kernels
 from .categorical import block_size, sample_from_weights
+from .rng import STREAM_TARGET, stream_salt
 from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, greedy_tokens
 
 
@@ -196,4 +197,35 @@ def whole_call_verdicts(
         draft_probs,
         GREEDY_TEMPERATURE,
         BOUNDARY_RTOL,
+    )
+
+
+def drawn_argmax_verdicts(
+    draft_tokens: torch.Tensor,
+    masked: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seed: int | torch.Tensor,
+    shared_seed: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """argmax_verdict and greedy_verdict for every row with the first rejection, in one kernel call (where
+    `kernels.backend_for(masked).draws_rows`): the keyed draws y from p~ (a greedy row's argmax), the padding
+    of drafts that are not ids and the keys s_b + j applied inside it. draft_tokens: int [B, K] as given;
+    masked: [B, K+1, V], the grammar mask applied; seed: an int or int64 [] shared, or int64 [B].
+    Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
+    return kernels.draw_verdicts(
+        masked.reshape(-1, masked.shape[-1]),
+        draft_tokens,
+        temperature,
+        GREEDY_TEMPERATURE,
+        top_k,
+        top_p,
+        min_p,
+        BOUNDARY_RTOL,
+        block_size(masked.shape[-1]),
+        seed,
+        shared_seed,
+        stream_salt(STREAM_TARGET),
     )

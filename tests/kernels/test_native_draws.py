@@ -114,3 +114,66 @@ def test_draws_match_the_dense_kernels_bit_for_bit(case, use_min_p):
             kept, drawn_sums, mass, q.to(q_dtype), draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block
         )
         assert torch.equal(recovered, expected_recovery)
+
+
+def _shared_seed(kind: str, requests: int, g: torch.Generator):
+    """A seed of the given kind (SPEC §4): an int or 0-d / [1] tensor shared by the batch, or one per request."""
+    value = int(torch.randint(-(2**63), 2**63 - 1, (), generator=g))
+    return {
+        "int": value,
+        "0-d tensor": torch.tensor(value),
+        "[1] int32 tensor": torch.tensor([value % 2**31], dtype=torch.int32),
+        "per request": torch.randint(-(2**63), 2**63 - 1, (requests,), generator=g),
+    }[kind]
+
+
+@pytest.mark.parametrize("openmp", [True, False], ids=["openmp", "thread-pool"])
+@pytest.mark.parametrize("seed_kind", ["int", "0-d tensor", "[1] int32 tensor", "per request"])
+def test_argmax_verdicts_in_one_call_match_the_torch_reference(monkeypatch, tmp_path, seed_kind, openmp):
+    """The argmax-mode verifier call on the CPU is one draw_verdicts call (the padding of drafts that are not
+    ids, the keys of a shared seed and the first rejection inside the kernel): the torch reference's outputs
+    bit for bit, also where a build without OpenMP splits the batch into slices (each slice's shared keys
+    start at its first request)."""
+    import specverify as sv
+    from tests.support.backends import torch_path
+
+    requests, positions, vocab = 16, 3, 3000
+    g = torch.Generator().manual_seed(len(seed_kind))
+    logits = _logits(requests * (positions + 1), vocab, "heavy", torch.float32, g).view(requests, positions + 1, vocab)
+    temperature, top_k, top_p, min_p = _params(requests, vocab, g)
+    best = logits[:, :positions].argmax(-1)
+    draft = torch.where(torch.rand(requests, positions, generator=g) < 0.7, best, torch.randint(0, vocab, best.shape))
+    draft[1, 1], draft[2, 0], draft[3, 2], draft[4, 1] = -1, vocab, -5, vocab + 7  # padding inside a row
+    args = dict(
+        draft_tokens=draft.to(torch.int32),
+        target_logits=logits,
+        temperature=temperature,
+        top_k=top_k,
+        max_k=None,
+        top_p=top_p,
+        min_top_p=None,
+        seed=_shared_seed(seed_kind, requests, g),
+        min_p=min_p,
+        validate=False,
+    )
+    with torch_path():
+        expected = sv.stochastic_acceptance_sampler(**args)
+    if not openmp:
+        monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+        monkeypatch.setattr(native, "torch_openmp_runtime", lambda: None)
+        native.load.cache_clear()
+    try:
+        assert native.load().specverify_threads_itself == (openmp and native.torch_openmp_runtime() is not None)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            got = sv.stochastic_acceptance_sampler(**args)
+        finally:
+            torch.set_num_threads(threads)
+    finally:
+        native.load.cache_clear()
+    for name, e, o in zip(("first", "recovered", "bonus"), expected, got):
+        assert o.shape == e.shape and o.dtype == torch.int64, name
+        assert torch.equal(o, e), f"{name}: {o.tolist()} != {e.tolist()}"
+    assert got[0].tolist() != [positions] * requests  # some drafts are rejected, and some kept
+    assert sum(got[0].tolist()) > 0

@@ -52,6 +52,7 @@ __all__ = [
     "argmax_rows",
     "backend_for",
     "draw_rows",
+    "draw_verdicts",
     "forced",
     "recover_kept_rows",
     "recover_rows",
@@ -242,6 +243,30 @@ def draw_rows(
         draft,
         accept_salt,
         dense,
+    )
+
+
+def draw_verdicts(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    seed: int | torch.Tensor,
+    shared: bool,
+    salt: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where `backend_for(logits).draws_rows`: the argmax-mode verdicts of a chain call (SPEC §3.1, §3.3) in
+    one kernel call, draw_rows' keyed draws y of logits [B * (K + 1), V] and the first rejection among the
+    drafts as given, int [B, K] (an id outside [0, V) and everything after it is padding). seed: int64 [B]
+    per request, or (shared) an int or int64 [] for the batch, request b keyed by s + b * ROW_STRIDE ->
+    (first rejected index int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
+    return _ops(logits).draw_verdicts(
+        logits, draft_tokens, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seed, shared, salt
     )
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ...contract import cache_root
+from ...contract import MASK64, ROW_STRIDE, cache_root
 from ..backend import Backend
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -167,7 +167,8 @@ def load() -> ctypes.CDLL | None:
         pointer,
     ]
     library.draw_rows.argtypes = [
-        *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64, pointer, u64),
+        *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64),
+        *(pointer, i64, u64, u64, u64, pointer, pointer),
         *(pointer, u64, pointer, pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer),
     ]
     library.recover_kept_rows.argtypes = [
@@ -354,6 +355,97 @@ def _row_address(tensor: torch.Tensor | None, start: int, per_row: int) -> int |
 KEPT_CAPACITY = 1024
 
 
+def _key_bases(seeds: int | torch.Tensor, shared: bool, start: int) -> tuple[int | None, int, int, int]:
+    """The key arguments of kernels.c's request_seed (seeds, seeds_step, offset, row_stride) for the
+    requests from `start` on: seeds int64 [B], one per request, or (shared) one seed for the batch, an int or
+    int64 [] (request b: s + b * ROW_STRIDE, mod 2**64)."""
+    if not shared:
+        return _row_address(seeds, start, 1), 1, 0, 0
+    offset = start * ROW_STRIDE
+    if isinstance(seeds, int):
+        return None, 0, (seeds + offset) & MASK64, ROW_STRIDE
+    return seeds.data_ptr(), 0, offset & MASK64, ROW_STRIDE
+
+
+def _draw(
+    logits: torch.Tensor,
+    per_position: int,
+    params: tuple,
+    block: int,
+    keys: tuple[int | torch.Tensor, bool, int],
+    proposed: torch.Tensor | None = None,
+    draft: torch.Tensor | None = None,
+    accept_salt: int = 0,
+    dense: torch.Tensor | None = None,
+) -> tuple:
+    """kernels.c's draw_rows over logits [R, V] (R = B * per_position). params: (temperature, greedy_below,
+    top_k, top_p, min_p, rtol), per request [B] where tensors; keys: (seeds, shared, salt) as _key_bases
+    takes them and the stream's salt; proposed: the drafts as given, int [B, per_position - 1] (argmax-mode
+    verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> (tokens int64 [R], first int64
+    [B] or None, the sampled mode's outputs or None)."""
+    rows, vocab = logits.shape
+    requests, drafted = rows // per_position, per_position - 1
+    logits, dtype = _readable(logits)
+    width = logits.element_size()
+    temperature, greedy_below, top_k, top_p, min_p, rtol = params
+    temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
+    min_p = None if min_p is None else _as(min_p, torch.float32)
+    seeds, shared, salt = keys
+    if isinstance(seeds, torch.Tensor):
+        seeds = _as(seeds, torch.int64)
+    tokens = torch.empty(rows, dtype=torch.int64)
+    first = at_draft = accept = sums = count = ids = weights = None  # (only the tokens, unless asked for)
+    if proposed is not None:
+        proposed = _as(proposed, torch.int64)
+        first = torch.empty(requests, dtype=torch.int64)
+    blocks = -(-vocab // block)
+    if draft is not None:
+        draft = _as(draft, torch.int64)
+        at_draft = torch.empty(requests, drafted, dtype=torch.float32)
+        accept = torch.empty(requests, drafted, dtype=torch.float64)
+        sums = torch.empty(rows, blocks, dtype=torch.float64)
+        count = torch.empty(rows, dtype=torch.int64)
+        ids = torch.empty(rows, KEPT_CAPACITY, dtype=torch.int32)
+        weights = torch.empty(rows, KEPT_CAPACITY, dtype=torch.float32)
+    library = load()
+    address = _row_address
+
+    def run(a: int, b: int) -> None:
+        row = a * per_position
+        library.draw_rows(
+            logits.data_ptr() + row * vocab * width,
+            dtype,
+            b - a,
+            per_position,
+            vocab,
+            address(temperature, a, 1),
+            greedy_below,
+            address(top_k, a, 1),
+            address(top_p, a, 1),
+            address(min_p, a, 1),
+            rtol,
+            block,
+            *_key_bases(seeds, shared, a),
+            salt,
+            address(proposed, a, drafted),
+            address(first, a, 1),
+            address(draft, a, drafted),
+            accept_salt,
+            address(tokens, row, 1),
+            address(at_draft, a, drafted),
+            address(accept, a, drafted),
+            address(sums, row, blocks),
+            KEPT_CAPACITY,
+            address(ids, row, KEPT_CAPACITY),
+            address(weights, row, KEPT_CAPACITY),
+            address(count, row, 1),
+            address(dense, row, vocab),
+        )
+
+    _split_rows(requests, run)
+    return tokens, first, None if draft is None else (at_draft, accept, sums, (count, ids, weights, dense))
+
+
 def draw_rows(
     logits: torch.Tensor,
     per_position: int,
@@ -378,61 +470,38 @@ def draw_rows(
     (tokens [R], the weight of each draft token float32 [B, per_position - 1], the uniforms of key
     seeds[b] + j and accept_salt float64 [B, per_position - 1], the block sums float64 [R, ceil(V / block)],
     the kept weights for recover_kept_rows)."""
-    rows, vocab = logits.shape
-    requests = rows // per_position
-    logits, dtype = _readable(logits)
-    width = logits.element_size()
-    temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
-    min_p = None if min_p is None else _as(min_p, torch.float32)
-    seeds = _as(seeds, torch.int64)
-    tokens = torch.empty(rows, dtype=torch.int64)
-    at_draft = accept = sums = count = ids = weights = None  # (argmax mode: nothing but the tokens is written)
-    blocks = -(-vocab // block)
-    if draft is not None:
-        draft = _as(draft, torch.int64)
-        at_draft = torch.empty(requests, per_position - 1, dtype=torch.float32)
-        accept = torch.empty(requests, per_position - 1, dtype=torch.float64)
-        sums = torch.empty(rows, blocks, dtype=torch.float64)
-        count = torch.empty(rows, dtype=torch.int64)
-        ids = torch.empty(rows, KEPT_CAPACITY, dtype=torch.int32)
-        weights = torch.empty(rows, KEPT_CAPACITY, dtype=torch.float32)
-    library = load()
-    address = _row_address
+    params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
+    tokens, _, sampled = _draw(
+        logits, per_position, params, block, (seeds, False, salt), None, draft, accept_salt, dense
+    )
+    return tokens if sampled is None else (tokens, *sampled)
 
-    def run(a: int, b: int) -> None:
-        first, drafted = a * per_position, per_position - 1
-        library.draw_rows(
-            logits.data_ptr() + first * vocab * width,
-            dtype,
-            b - a,
-            per_position,
-            vocab,
-            address(temperature, a, 1),
-            greedy_below,
-            address(top_k, a, 1),
-            address(top_p, a, 1),
-            address(min_p, a, 1),
-            rtol,
-            block,
-            address(seeds, a, 1),
-            salt,
-            address(draft, a, drafted),
-            accept_salt,
-            address(tokens, first, 1),
-            address(at_draft, a, drafted),
-            address(accept, a, drafted),
-            address(sums, first, blocks),
-            KEPT_CAPACITY,
-            address(ids, first, KEPT_CAPACITY),
-            address(weights, first, KEPT_CAPACITY),
-            address(count, first, 1),
-            address(dense, first, vocab),
-        )
 
-    _split_rows(requests, run)
-    if draft is None:
-        return tokens
-    return tokens, at_draft, accept, sums, (count, ids, weights, dense)
+def draw_verdicts(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    seed: int | torch.Tensor,
+    shared: bool,
+    salt: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The argmax-mode verdicts of a chain call in one kernel call (kernels.c's draw_rows with proposed):
+    the keyed target draw y of every row of logits [B * (K + 1), V] as draw_rows makes it, request b
+    accepting its drafts while they equal y. draft_tokens: int [B, K] as given (an id outside [0, V) and
+    everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] for the
+    batch -> (first rejected index int64 [B], recovered int64 [B, K] (y at every drafted position), bonus
+    int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, as views of the tokens [B, K + 1]."""
+    requests, drafted = draft_tokens.shape
+    params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
+    tokens, first, _ = _draw(logits, drafted + 1, params, block, (seed, shared, salt), draft_tokens)
+    tokens = tokens.view(requests, drafted + 1)
+    return first, tokens[:, :drafted], tokens[:, drafted:]
 
 
 def recover_kept_rows(

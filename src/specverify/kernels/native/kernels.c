@@ -746,22 +746,50 @@ static inline float element_of(const void *matrix, int dtype, int64_t r, int64_t
     return dtype == BFLOAT16 ? float_of((uint32_t)bits << 16) : half_to_float(bits);
 }
 
+/* The key base s_b of request b (SPEC §4): seeds[b * seeds_step] (0 where seeds is NULL) + offset +
+ * b * row_stride, mod 2^64. Per-request seeds: seeds_step 1, offset and row_stride 0; one seed shared by
+ * the batch: seeds_step 0 (or seeds NULL and the seed as the offset) and row_stride ROW_STRIDE. */
+static inline uint64_t request_seed(const int64_t *seeds, int64_t seeds_step, uint64_t offset, uint64_t row_stride,
+                                    int64_t b) {
+    return (seeds ? (uint64_t)seeds[b * seeds_step] : 0u) + offset + (uint64_t)b * row_stride;
+}
+
+/* The argmax-mode verdicts of `requests` requests (SPEC §3.1, §3.3) from their draws tokens [requests,
+ * per_position]: request b accepts its drafts proposed[b, j] (as given: an id outside [0, n) and every
+ * position after it is padding, never accepted) while they equal y_bj; first[b] is the first position
+ * not accepted (per_position - 1 when all are). */
+static void first_rejections(const int64_t *proposed, const int64_t *tokens, int64_t requests, int64_t per_position,
+                             int64_t n, int64_t *first) {
+    const int64_t drafted = per_position - 1;
+    for (int64_t b = 0; b < requests; b++) {
+        int64_t j = 0;
+        for (; j < drafted; j++) {
+            const int64_t d = proposed[b * drafted + j];
+            if (d < 0 || d >= n || d != tokens[b * per_position + j]) break;
+        }
+        first[b] = j;
+    }
+}
+
 /* The target draws of the stochastic rows of a verifier call (SPEC §2, §4), the weights never written out
  * unless asked for: per row, its truncated weights as weigh_rows makes them (weigh_kept: sparse where it
  * can, else dense in a row of this thread's), then the inverse-CDF draw with the keyed uniform of key
- * seeds[b] + j and `salt` (rng.stream_salt(STREAM_TARGET)), the tokens sample_rows would give.
+ * s_b + j (request_seed) and `salt` (rng.stream_salt(STREAM_TARGET)), the tokens sample_rows would give.
  * `requests` requests of `per_position` rows each: row r = b * per_position + j of logits [rows, n] of
- * `dtype`; temperature, top_k, top_p, min_p (may be NULL), seeds: per request [requests]. Writes tokens
- * [rows]. For sampled verification (draft not NULL: [requests, per_position - 1], -1 where none), also,
- * at every drafted position (j < per_position - 1): at_draft[b * (per_position - 1) + j], the weight of its
- * draft token (0 where none), and accept_uniforms[same], the uniform of the ratio test (key seeds[b] + j,
- * accept_salt: rng.stream_salt(STREAM_ACCEPT)); block_sums [rows, ceil(n / block)] (every row); and the weights for the
+ * `dtype`; temperature, top_k, top_p, min_p (may be NULL): per request [requests]. Writes tokens
+ * [rows]. For argmax-mode verification (first not NULL; proposed: the drafts as given, [requests,
+ * per_position - 1]), also first [requests] (first_rejections). For sampled verification (draft not
+ * NULL: [requests, per_position - 1], -1 where none), also, at every drafted position (j < per_position -
+ * 1): at_draft[b * (per_position - 1) + j], the weight of its draft token (0 where none), and
+ * accept_uniforms[same], the uniform of the ratio test (key s_b + j, accept_salt:
+ * rng.stream_salt(STREAM_ACCEPT)); block_sums [rows, ceil(n / block)] (every row); and the weights for the
  * recovery: kept_count[r] >= 0 tokens in kept_ids / kept_weights [rows, capacity] (ids ascending), or -1
  * and the whole row in dense [rows, n]. */
 CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t per_position, int64_t n,
                       const float *temperature, float greedy_below, const int64_t *top_k, const float *top_p,
-                      const float *min_p, double rtol, int64_t block, const int64_t *seeds, uint64_t salt,
-                      const int64_t *draft, uint64_t accept_salt, int64_t *tokens, float *at_draft,
+                      const float *min_p, double rtol, int64_t block, const int64_t *seeds, int64_t seeds_step,
+                      uint64_t seed_offset, uint64_t row_stride, uint64_t salt, const int64_t *proposed,
+                      int64_t *first, const int64_t *draft, uint64_t accept_salt, int64_t *tokens, float *at_draft,
                       double *accept_uniforms, double *block_sums, int64_t capacity,
                       int32_t *kept_ids, float *kept_weights, int64_t *kept_count, float *dense) {
     const int64_t blocks = (n + block - 1) / block, rows = requests * per_position, drafted = per_position - 1;
@@ -774,6 +802,7 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / per_position, j = r % per_position, position = b * drafted + j;
+        const uint64_t key = request_seed(seeds, seeds_step, seed_offset, row_stride, b) + (uint64_t)j;
         const int recovers = draft && j < drafted; /* its weights go to the recovery draw */
         float *row = recovers ? dense + r * n : local;
         double *sums = draft ? block_sums + r * blocks : own_sums;
@@ -782,11 +811,11 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
                                          min_p ? min_p + b : NULL, rtol, block, capacity, row, scratch, ids, kept, sums);
         const float *w = count < 0 ? row : kept;
         const int32_t *held = count < 0 ? NULL : ids;
-        tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, salt));
+        tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, salt));
         if (!recovers) continue;
         const int64_t d = draft[position];
         at_draft[position] = d >= 0 && d < n ? weight_at(w, held, count, d) : 0.0f;
-        accept_uniforms[position] = keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, accept_salt);
+        accept_uniforms[position] = keyed_uniform(key, accept_salt);
         kept_count[r] = count;
         if (count >= 0) {
             memcpy(kept_ids + r * capacity, ids, (size_t)count * sizeof *ids);
@@ -799,6 +828,7 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
     free(ids);
     free(own_sums);
     }
+    if (first) first_rejections(proposed, tokens, requests, per_position, n, first);
 }
 
 /* recover_rows on the weights draw_rows left for the recovery (kept_count, kept_ids, kept_weights

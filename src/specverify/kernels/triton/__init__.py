@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from ...contract import MASK64
 from ..backend import Backend
 from ..native import FROM_RESIDUAL, WITHOUT_DRAFT
 from . import jit
@@ -72,7 +73,7 @@ def verify_shape(rows: int, vocab: int, device: torch.device) -> dict:
 
 def _int32_halves(value: int) -> tuple[int, int]:
     """The low and high 32 bits of an int's 64-bit pattern, each as a signed int32 (one kernel signature)."""
-    bits = value & (1 << 64) - 1
+    bits = value & MASK64
     low, high = bits & 0xFFFFFFFF, bits >> 32
     return tuple(half - (1 << 32) if half >= 1 << 31 else half for half in (low, high))
 

@@ -3,8 +3,9 @@
 Each case (benchmarks/cases.py) is one `stochastic_acceptance_sampler` call with validate=False on the
 default CPU backend (the C kernels), at each B of --batches (K = --drafts, V = --vocab, float32 logits or
 --dtype bfloat16). Beside it, in the same process and interleaved repeat by repeat, `logits.amax(-1)` over
-the same tensor: the read floor. Per case and B: min and median ms of both over --repeats, and the
-verifier's ratio to amax of the medians and of the mins. The machine may be shared: the ratios, timed side
+the same tensor: the read floor; and `torch.softmax(logits.float(), -1)`, the floor of a row that needs every
+token's weight (temperature only, top-p without top-k: an exp per token). Per case and B: min and median
+ms of each over --repeats, and the verifier's ratio to amax (and to softmax) of the medians and of the mins. The machine may be shared: the ratios, timed side
 by side, are what to compare between runs; the load average (os.getloadavg) is printed before and after.
 The last line printed is one JSON object.
 
@@ -41,7 +42,8 @@ def _seconds(call) -> float:
 
 
 def measure(arguments: dict, repeats: int) -> dict:
-    """The verifier call and one amax over its logits, interleaved: min and median ms, ratios to amax."""
+    """The verifier call, one amax and one softmax over its logits, interleaved: min and median ms, ratios
+    to amax and to softmax."""
     logits = arguments["target_logits"]
 
     def verify() -> None:
@@ -50,11 +52,15 @@ def measure(arguments: dict, repeats: int) -> dict:
     def floor() -> None:
         logits.amax(-1)
 
-    for call in (verify, floor, verify, floor):  # warm-up: the build, the scratch buffer, the caches
+    def softmax() -> None:
+        torch.softmax(logits.float(), -1)
+
+    for call in (verify, floor, softmax, verify, floor, softmax):  # warm-up: the build, scratch buffers, caches
         call()
-    times: dict[str, list[float]] = {"verify": [], "amax": []}
+    times: dict[str, list[float]] = {"verify": [], "amax": [], "softmax": []}
     for _ in range(repeats):
         times["amax"].append(_seconds(floor))
+        times["softmax"].append(_seconds(softmax))
         times["verify"].append(_seconds(verify))
     result = {}
     for name, values in times.items():
@@ -62,6 +68,7 @@ def measure(arguments: dict, repeats: int) -> dict:
         result[f"{name}_median_ms"] = statistics.median(values) * 1e3
     result["ratio_median"] = result["verify_median_ms"] / result["amax_median_ms"]
     result["ratio_min"] = result["verify_min_ms"] / result["amax_min_ms"]
+    result["softmax_ratio_median"] = result["verify_median_ms"] / result["softmax_median_ms"]
     return result
 
 
@@ -90,7 +97,10 @@ def main() -> None:
         f"verifier vs amax, validate=False, backend {backend}, V={args.vocab}, K={args.drafts}, {args.dtype}, "
         f"{args.threads} threads, {args.repeats} repeats; load average {load_before[0]:.2f}"
     )
-    print(f"{'case':58s}{'B':>4s}{'amax min/med ms':>18s}{'call min/med ms':>18s}{'x amax (med)':>14s}{'(min)':>8s}")
+    print(
+        f"{'case':58s}{'B':>4s}{'amax min/med ms':>18s}{'call min/med ms':>18s}{'x amax (med)':>14s}{'(min)':>8s}"
+        f"{'x softmax (med)':>17s}"
+    )
     for name in names:
         entry = results["cases"][name] = {}
         for batch in batches:
@@ -100,7 +110,7 @@ def main() -> None:
                 f"{name:58s}{batch:4d}"
                 f"{row['amax_min_ms']:9.3f}/{row['amax_median_ms']:<8.3f}"
                 f"{row['verify_min_ms']:9.3f}/{row['verify_median_ms']:<8.3f}"
-                f"{row['ratio_median']:14.2f}{row['ratio_min']:8.2f}",
+                f"{row['ratio_median']:14.2f}{row['ratio_min']:8.2f}{row['softmax_ratio_median']:17.2f}",
                 flush=True,
             )
     results["load_average"] = {"before": load_before, "after": os.getloadavg()}

@@ -43,6 +43,13 @@ def block_sums(weights: torch.Tensor) -> torch.Tensor:
     return sums.to(torch.float64)
 
 
+def total_weight(sums: torch.Tensor) -> torch.Tensor:
+    """Each row's total weight from its block sums, added in block order as the draw's walk and the kernels
+    add them (a sequential float64 sum, so every path divides by the same bits). float64 [..., blocks] ->
+    [...]."""
+    return sums.cumsum(-1)[..., -1]
+
+
 def sample_from_weights(
     weights: torch.Tensor, uniforms: torch.Tensor, sums: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import block_size, sample_from_weights
+from .categorical import block_size, sample_from_weights, total_weight
 from .contract import DRAFT_PROPOSALS
 from .rng import (
     HOST_KEYS,
@@ -38,7 +38,7 @@ from .truncation import (
 )
 from .verdicts import (
     argmax_verdict,
-    drawn_argmax_verdicts,
+    drawn_verdicts,
     first_rejections_read,
     greedy_verdict,
     ratio_test,
@@ -249,8 +249,10 @@ def stochastic_acceptance_sampler(
         )
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
-    if draft_proposal == "argmax" and in_thinking_phase is None and kernels.backend_for(masked).draws_rows:
-        return drawn_argmax_verdicts(draft_tokens, masked, temperature, top_k, top_p, min_p, seed, shared_seed)
+    if in_thinking_phase is None and kernels.backend_for(masked).draws_rows:
+        return drawn_verdicts(
+            draft_tokens, masked, temperature, top_k, top_p, min_p, seed, shared_seed, draft_probs_full
+        )
     if on_host:
         params = (temperature, top_k, top_p, min_p)
         return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed), max_k, needs_top_p)
@@ -490,7 +492,7 @@ def _drawn_verdicts(
         return accepted, recovered, tokens[:, positions]
     drawn = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
     tokens, at_draft, accept_uniforms, sums, kept = drawn
-    target_mass = sums.view(batch, per_position, sums.shape[-1]).sum(-1)[:, :positions]
+    target_mass = total_weight(sums.view(batch, per_position, sums.shape[-1]))[:, :positions]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
     drawn = kernels.recover_kept_rows(
         kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)

@@ -28,7 +28,7 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import sample_from_weights
+from .categorical import sample_from_weights, total_weight
 from .contract import DRAFT_PROPOSALS, SIBLING_DRAWS
 from .rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
 from .truncation import is_greedy, truncated_weights
@@ -411,7 +411,7 @@ def _later_siblings(
     subtraction, one clamp and one sum over V; q's renormalisation (without replacement) costs nothing.
     Returns (child [R] or -1, token [R]: the accepted child's token, or the draw from the final residual
     when every child was rejected). Shapes as in _sampled_step; order: int64 [R, N], children first."""
-    target = weights / sums.sum(-1, keepdim=True).float()  # p~ as truncated_probs gives it
+    target = weights / total_weight(sums)[..., None].float()  # p~ as truncated_probs gives it
     residual = target.clone()
     mass = residual.sum(-1).double()  # (a float32 sum, in cascades: a float64 accumulator is 20x slower)
     proposal = torch.where((count >= 2)[:, None], q, 0.0).float()  # a copy; q of other rows is never read

@@ -16,7 +16,7 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import block_size, block_sums, sample_from_weights
+from .categorical import block_size, block_sums, sample_from_weights, total_weight
 from .rng import (
     HOST_KEYS,
     STREAM_ACCEPT,
@@ -62,7 +62,7 @@ def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
 _workspace = threading.local()
 
 
-def _scratch(shape: torch.Size, device: torch.device) -> torch.Tensor:
+def scratch_weights(shape: torch.Size, device: torch.device) -> torch.Tensor:
     """A float32 buffer of `shape`, reused across calls on this thread: a fresh full-size allocation costs
     more in page faults than the arithmetic written into it. Valid until the next call on this thread."""
     numel = shape.numel()
@@ -190,7 +190,7 @@ def truncated_weights(
     The weights may live in this thread's scratch buffer: use them before the next call. A compiled
     backend (kernels/) does it all in one pass per row; the torch reference uses the hints."""
     rows = masked_logits.shape[0] if source is None else source.shape[0]
-    out = _scratch(torch.Size((rows, masked_logits.shape[-1])), masked_logits.device)
+    out = scratch_weights(torch.Size((rows, masked_logits.shape[-1])), masked_logits.device)
     if rows and masked_logits.numel() and kernels.backend_for(masked_logits).compiled:
         sums = kernels.weigh_rows(
             masked_logits.detach(),
@@ -233,7 +233,7 @@ def target_draws(
     uniforms (STREAM_ACCEPT), the block sums and the kept weights for kernels.recover_kept_rows (a dense
     part may live in this thread's scratch buffer: use it before the next call)."""
     vocab = masked_logits.shape[-1]
-    dense = None if draft is None else _scratch(masked_logits.shape, masked_logits.device)
+    dense = None if draft is None else scratch_weights(masked_logits.shape, masked_logits.device)
     return kernels.draw_rows(
         masked_logits.detach(),
         per_position,
@@ -274,7 +274,7 @@ def truncated_probs(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
     weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    return weights / sums.sum(-1, keepdim=True).float()  # the total the sampled rule divides by too
+    return weights / total_weight(sums)[:, None].float()  # the total the sampled rule divides by too
 
 
 def per_position_rows(value: torch.Tensor | None, per_position: int) -> torch.Tensor | None:

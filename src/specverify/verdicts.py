@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .categorical import block_size, sample_from_weights
-from .rng import STREAM_TARGET, stream_salt
-from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, greedy_tokens
+from .categorical import block_size, sample_from_weights, total_weight
+from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, stream_salt
+from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, greedy_tokens, scratch_weights
 
 
 def _draft_column(draft: torch.Tensor) -> torch.Tensor:
@@ -68,7 +68,7 @@ def sampled_verdict(
     with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
     """
     positions = draft.shape[1]
-    target_mass = target_sums.sum(-1)[:, :positions]
+    target_mass = total_weight(target_sums)[:, :positions]
     at_draft = target_weights[:, :positions].gather(-1, _draft_column(draft))[..., 0]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
     drawn = recovery_draw(target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
@@ -200,7 +200,7 @@ def whole_call_verdicts(
     )
 
 
-def drawn_argmax_verdicts(
+def drawn_verdicts(
     draft_tokens: torch.Tensor,
     masked: torch.Tensor,
     temperature: torch.Tensor,
@@ -209,23 +209,19 @@ def drawn_argmax_verdicts(
     min_p: torch.Tensor | None,
     seed: int | torch.Tensor,
     shared_seed: bool,
+    draft_probs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """argmax_verdict and greedy_verdict for every row with the first rejection, in one kernel call (where
-    `kernels.backend_for(masked).draws_rows`): the keyed draws y from p~ (a greedy row's argmax), the padding
-    of drafts that are not ids and the keys s_b + j applied inside it. draft_tokens: int [B, K] as given;
-    masked: [B, K+1, V], the grammar mask applied; seed: an int or int64 [] shared, or int64 [B].
+    """argmax_verdict and greedy_verdict (draft_probs None) or sampled_verdict for every row, with the first
+    rejection, in one kernel call (where `kernels.backend_for(masked).draws_rows`): the keyed draws from p~
+    (a greedy row's argmax), the padding of drafts that are not ids and the keys s_b + j applied inside it,
+    the weights never written out but where sampled mode keeps a large kept set for its recovery.
+    draft_tokens: int [B, K] as given; masked: [B, K+1, V], the grammar mask applied; seed: an int or
+    int64 [] shared, or int64 [B]; draft_probs: float [B, K, V] (sampled mode) or None.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    return kernels.draw_verdicts(
-        masked.reshape(-1, masked.shape[-1]),
-        draft_tokens,
-        temperature,
-        GREEDY_TEMPERATURE,
-        top_k,
-        top_p,
-        min_p,
-        BOUNDARY_RTOL,
-        block_size(masked.shape[-1]),
-        seed,
-        shared_seed,
-        stream_salt(STREAM_TARGET),
-    )
+    rows = masked.reshape(-1, masked.shape[-1])
+    params = (temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(rows.shape[-1]))
+    if draft_probs is None:
+        return kernels.draw_verdicts(rows, draft_tokens, *params, seed, shared_seed, stream_salt(STREAM_TARGET))
+    salts = tuple(stream_salt(stream) for stream in (STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL))
+    dense = scratch_weights(rows.shape, rows.device)
+    return kernels.draw_sampled_verdicts(rows, draft_tokens, *params, seed, shared_seed, salts, draft_probs, dense)

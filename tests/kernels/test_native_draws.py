@@ -129,11 +129,12 @@ def _shared_seed(kind: str, requests: int, g: torch.Generator):
 
 @pytest.mark.parametrize("openmp", [True, False], ids=["openmp", "thread-pool"])
 @pytest.mark.parametrize("seed_kind", ["int", "0-d tensor", "[1] int32 tensor", "per request"])
-def test_argmax_verdicts_in_one_call_match_the_torch_reference(monkeypatch, tmp_path, seed_kind, openmp):
-    """The argmax-mode verifier call on the CPU is one draw_verdicts call (the padding of drafts that are not
-    ids, the keys of a shared seed and the first rejection inside the kernel): the torch reference's outputs
-    bit for bit, also where a build without OpenMP splits the batch into slices (each slice's shared keys
-    start at its first request)."""
+@pytest.mark.parametrize("mode", ["argmax", "sampled float32", "sampled bfloat16"])
+def test_verdicts_in_one_call_match_the_torch_reference(monkeypatch, tmp_path, mode, seed_kind, openmp):
+    """A verifier call on the CPU is one kernel call (draw_verdicts, draw_sampled_verdicts: the padding of
+    drafts that are not ids, the keys of a shared seed, the ratio test, the recovery and the first rejection
+    inside the kernel): the torch reference's outputs bit for bit, also where a build without OpenMP splits
+    the batch into slices (each slice's shared keys start at its first request)."""
     import specverify as sv
     from tests.support.backends import torch_path
 
@@ -156,6 +157,12 @@ def test_argmax_verdicts_in_one_call_match_the_torch_reference(monkeypatch, tmp_
         min_p=min_p,
         validate=False,
     )
+    if mode != "argmax":
+        q = torch.softmax(torch.randn(requests, positions, vocab, generator=g) * 2, -1)
+        q.scatter_(-1, draft.clamp(0, vocab - 1)[..., None], torch.rand(requests, positions, 1, generator=g) * 0.5)
+        q[8:12].scatter_(-1, draft[8:12].clamp(0, vocab - 1)[..., None], 0.0)  # q(d) = 0: d left out of the recovery
+        dtype = torch.bfloat16 if mode.endswith("bfloat16") else torch.float32
+        args.update(draft_proposal="sampled", draft_probs_full=q.to(dtype))
     with torch_path():
         expected = sv.stochastic_acceptance_sampler(**args)
     if not openmp:

@@ -52,6 +52,7 @@ __all__ = [
     "argmax_rows",
     "backend_for",
     "draw_rows",
+    "draw_sampled_verdicts",
     "draw_verdicts",
     "forced",
     "recover_kept_rows",
@@ -267,6 +268,46 @@ def draw_verdicts(
     (first rejected index int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     return _ops(logits).draw_verdicts(
         logits, draft_tokens, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seed, shared, salt
+    )
+
+
+def draw_sampled_verdicts(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    seed: int | torch.Tensor,
+    shared: bool,
+    salts: tuple[int, int, int],
+    draft_probs: torch.Tensor,
+    dense: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where `backend_for(logits).draws_rows`: the sampled-mode verdicts of a chain call (SPEC §3.2) in one
+    kernel call, draw_rows' draws of logits [B * (K + 1), V], the ratio test of the drafts as given (int
+    [B, K]: an id outside [0, V) and everything after it is padding) against draft_probs float [B, K, V],
+    the recovery of recover_kept_rows and the first rejection. seed as in draw_verdicts; salts: the
+    streams' (target, accept, residual); dense: float32 [B * (K + 1), V] of room -> (first rejected index
+    int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
+    return _ops(logits).draw_sampled_verdicts(
+        logits,
+        draft_tokens,
+        temperature,
+        greedy_below,
+        top_k,
+        top_p,
+        min_p,
+        rtol,
+        block,
+        seed,
+        shared,
+        salts,
+        draft_probs,
+        dense,
     )
 
 

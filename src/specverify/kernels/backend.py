@@ -15,7 +15,7 @@ ROW_OPS = ("weigh_rows", "argmax_rows", "scan_rows", "sample_rows", "recover_row
 #: The op of a backend that runs whole verifier calls.
 WHOLE_CALL_OP = "verify_rows"
 #: The ops of a backend that draws the target rows of a call itself, weights held inside the kernel.
-DRAW_OPS = ("draw_rows", "draw_verdicts", "recover_kept_rows")
+DRAW_OPS = ("draw_rows", "draw_verdicts", "draw_sampled_verdicts", "recover_kept_rows")
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class Backend:
     first rejection in one launch). skips_rows_cheaply: `weigh_rows` skips a row whose source is negative
     at next to no cost, so a walk over every row costs only the rows still walking (where it does not, a
     caller weighs all its rows in one call instead). draws_rows: `draw_rows` weighs and draws the target
-    rows of a chain call without writing their weights out (`draw_verdicts`: and judges argmax-mode drafts
-    on them in the same call), and `recover_kept_rows` draws the recoveries of sampled mode from what it
+    rows of a chain call without writing their weights out (`draw_verdicts`, `draw_sampled_verdicts`: and
+    judges argmax-mode or sampled drafts on them in the same call), and `recover_kept_rows` draws the recoveries of sampled mode from what it
     kept (DRAW_OPS).
     """
 

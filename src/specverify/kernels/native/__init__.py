@@ -172,8 +172,13 @@ def load() -> ctypes.CDLL | None:
         *(pointer, u64, pointer, pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer),
     ]
     library.recover_kept_rows.argtypes = [
-        *(pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer, i32, pointer, pointer, pointer, u64),
-        *(i64, i64, i64, i64, pointer),
+        *(pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer, i32, pointer, pointer),
+        *(pointer, i64, u64, u64, u64, i64, i64, i64, i64, pointer),
+    ]
+    library.draw_sampled_verdicts.argtypes = [
+        *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64),
+        *(pointer, i64, u64, u64, u64, u64, u64),
+        *(pointer, pointer, i32, pointer, i64, pointer, pointer, pointer),
     ]
     library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
     library.scan_rows.argtypes = [pointer, i32, i64, i64, pointer, pointer]
@@ -367,6 +372,20 @@ def _key_bases(seeds: int | torch.Tensor, shared: bool, start: int) -> tuple[int
     return seeds.data_ptr(), 0, offset & MASK64, ROW_STRIDE
 
 
+def _readable_params(params: tuple) -> tuple:
+    """(temperature, greedy_below, top_k, top_p, min_p, rtol) with the per-request tensors [B] contiguous
+    in the dtypes kernels.c reads (float32, int64, float32, float32 or None)."""
+    temperature, greedy_below, top_k, top_p, min_p, rtol = params
+    temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
+    return temperature, greedy_below, top_k, top_p, None if min_p is None else _as(min_p, torch.float32), rtol
+
+
+def _readable_keys(keys: tuple) -> tuple:
+    """(seeds, shared, ...) with a tensor seed as contiguous int64."""
+    seeds = keys[0]
+    return (_as(seeds, torch.int64) if isinstance(seeds, torch.Tensor) else seeds, *keys[1:])
+
+
 def _draw(
     logits: torch.Tensor,
     per_position: int,
@@ -387,12 +406,8 @@ def _draw(
     requests, drafted = rows // per_position, per_position - 1
     logits, dtype = _readable(logits)
     width = logits.element_size()
-    temperature, greedy_below, top_k, top_p, min_p, rtol = params
-    temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
-    min_p = None if min_p is None else _as(min_p, torch.float32)
-    seeds, shared, salt = keys
-    if isinstance(seeds, torch.Tensor):
-        seeds = _as(seeds, torch.int64)
+    temperature, greedy_below, top_k, top_p, min_p, rtol = _readable_params(params)
+    seeds, shared, salt = _readable_keys(keys)
     tokens = torch.empty(rows, dtype=torch.int64)
     first = at_draft = accept = sums = count = ids = weights = None  # (only the tokens, unless asked for)
     if proposed is not None:
@@ -504,6 +519,76 @@ def draw_verdicts(
     return first, tokens[:, :drafted], tokens[:, drafted:]
 
 
+def draw_sampled_verdicts(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy_below: float,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    rtol: float,
+    block: int,
+    seed: int | torch.Tensor,
+    shared: bool,
+    salts: tuple[int, int, int],
+    draft_probs: torch.Tensor,
+    dense: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sampled-mode verdicts of a chain call in one kernel call (kernels.c's draw_sampled_verdicts):
+    draw_rows' draws and kept weights of logits [B * (K + 1), V], the ratio test of each draft as given
+    (int [B, K]: an id outside [0, V) and everything after it is padding) against draft_probs float [B, K, V],
+    and recover_kept_rows' recovery. seed as in draw_verdicts; salts: the streams' (target, accept,
+    residual); dense: float32 [B * (K + 1), V] of room, contiguous -> (first rejected index int64 [B],
+    recovered int64 [B, K], bonus int64 [B, 1])."""
+    requests, drafted = draft_tokens.shape
+    per_position, vocab = drafted + 1, logits.shape[-1]
+    logits, dtype = _readable(logits)
+    width = logits.element_size()
+    draft_probs, draft_dtype = _readable(draft_probs)
+    draft_width = draft_probs.element_size()
+    temperature, greedy_below, top_k, top_p, min_p, rtol = _readable_params(
+        (temperature, greedy_below, top_k, top_p, min_p, rtol)
+    )
+    seed, shared = _readable_keys((seed, shared))
+    proposed = _as(draft_tokens, torch.int64)
+    tokens = torch.empty(requests, per_position, dtype=torch.int64)
+    recovered = torch.empty(requests, drafted, dtype=torch.int64)
+    first = torch.empty(requests, dtype=torch.int64)
+    library = load()
+    address = _row_address
+
+    def run(a: int, b: int) -> None:
+        row = a * per_position
+        library.draw_sampled_verdicts(
+            logits.data_ptr() + row * vocab * width,
+            dtype,
+            b - a,
+            per_position,
+            vocab,
+            address(temperature, a, 1),
+            greedy_below,
+            address(top_k, a, 1),
+            address(top_p, a, 1),
+            address(min_p, a, 1),
+            rtol,
+            block,
+            *_key_bases(seed, shared, a),
+            *salts,
+            address(proposed, a, drafted),
+            draft_probs.data_ptr() + a * drafted * vocab * draft_width,
+            draft_dtype,
+            address(dense, row, vocab),
+            KEPT_CAPACITY,
+            address(tokens, a, per_position),
+            address(recovered, a, drafted),
+            address(first, a, 1),
+        )
+
+    _split_rows(requests, run)
+    return first, recovered, tokens[:, drafted:]
+
+
 def recover_kept_rows(
     kept: tuple,
     weight_sums: torch.Tensor,
@@ -542,7 +627,7 @@ def recover_kept_rows(
             draft_dtype,
             _row_address(draft, first, 1),
             _row_address(mode, first, 1),
-            _row_address(seeds, a, 1),
+            *_key_bases(seeds, False, a),
             salt,
             b - a,
             positions,

@@ -834,14 +834,15 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
 /* recover_rows on the weights draw_rows left for the recovery (kept_count, kept_ids, kept_weights
  * [.., capacity], dense [.., n], block sums weight_sums [.., ceil(n / block)]; position j of request b at
  * row b * (positions + 1) + j of them), a sparse row reading q only at its kept tokens. The uniform of
- * position j is keyed by seeds[b] + j and `salt` (rng.stream_salt(STREAM_RESIDUAL)). draft_probs
+ * position j is keyed by s_b + j (request_seed) and `salt` (rng.stream_salt(STREAM_RESIDUAL)). draft_probs
  * [requests, positions, n] of draft_dtype; mass: double, draft, mode: [requests, positions]; out: ids,
  * same shape. */
 CLONES void recover_kept_rows(const int64_t *kept_count, const int32_t *kept_ids, const float *kept_weights,
                               int64_t capacity, const float *dense, const double *weight_sums, const double *mass,
                               const void *draft_probs, int draft_dtype, const int64_t *draft, const int32_t *mode,
-                              const int64_t *seeds, uint64_t salt, int64_t requests, int64_t positions, int64_t n,
-                              int64_t block, int64_t *out) {
+                              const int64_t *seeds, int64_t seeds_step, uint64_t seed_offset, uint64_t row_stride,
+                              uint64_t salt, int64_t requests, int64_t positions, int64_t n, int64_t block,
+                              int64_t *out) {
     const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
@@ -851,7 +852,7 @@ CLONES void recover_kept_rows(const int64_t *kept_count, const int32_t *kept_ids
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / positions, j = r % positions, weight_row = b * (positions + 1) + j;
         const int64_t count = kept_count[weight_row];
-        const double uniform = keyed_uniform((uint64_t)seeds[b] + (uint64_t)j, salt);
+        const double uniform = keyed_uniform(request_seed(seeds, seeds_step, seed_offset, row_stride, b) + (uint64_t)j, salt);
         if (count < 0) {
             const float *q = float_row(draft_probs, draft_dtype, r, n, draft_dtype == FLOAT32 ? NULL : buffer);
             out[r] = recover(dense + weight_row * n, NULL, 0, q, weight_sums + weight_row * blocks, mass[r], draft[r],
@@ -866,6 +867,75 @@ CLONES void recover_kept_rows(const int64_t *kept_count, const int32_t *kept_ids
     free(sums);
     free(buffer);
     }
+}
+
+/* The sampled-mode verdicts of a chain call (SPEC §3.2) in one call: draw_rows' draws and kept weights of
+ * every row, then at each drafted position j of request b the ratio test on its draft d (the drafts as
+ * given, proposed [requests, drafted]: an id outside [0, n) and every position after it is padding),
+ * reject iff u * q(d) >= p~(d), with p~(d) = w(d) / mass in float32 (mass: the row's block sums added in
+ * block order) and q(d) <= 0 counted as 1 (then the recovery leaves d out); the recovery of
+ * recover_kept_rows at every drafted position (from p~ where there is no draft). Keys and params as in
+ * draw_rows (accept_salt: STREAM_ACCEPT, residual_salt: STREAM_RESIDUAL); draft_probs [requests, drafted,
+ * n] of draft_dtype; dense: room for [rows, n] float32 weights. Writes tokens [rows] (the bonus at
+ * j = drafted), recovered [requests, drafted] (the draft where accepted, else the recovery) and first
+ * [requests] (the first position not accepted; drafted when all are). */
+CLONES void draw_sampled_verdicts(const void *logits, int dtype, int64_t requests, int64_t per_position, int64_t n,
+                                const float *temperature, float greedy_below, const int64_t *top_k,
+                                const float *top_p, const float *min_p, double rtol, int64_t block,
+                                const int64_t *seeds, int64_t seeds_step, uint64_t seed_offset, uint64_t row_stride,
+                                uint64_t salt, uint64_t accept_salt, uint64_t residual_salt, const int64_t *proposed,
+                                const void *draft_probs, int draft_dtype, float *dense, int64_t capacity,
+                                int64_t *tokens, int64_t *recovered, int64_t *first) {
+    const int64_t rows = requests * per_position, drafted = per_position - 1, blocks = (n + block - 1) / block;
+    const size_t positions = (size_t)(requests * drafted) + 1; /* (+ 1: never a zero-size allocation) */
+    int64_t *draft = malloc(positions * sizeof *draft), *drawn = malloc(positions * sizeof *drawn);
+    int64_t *kept_count = malloc((size_t)rows * sizeof *kept_count);
+    int32_t *mode = malloc(positions * sizeof *mode), *kept_ids = malloc((size_t)(rows * capacity) * sizeof *kept_ids);
+    uint8_t *accepted = malloc(positions);
+    float *at_draft = malloc(positions * sizeof *at_draft);
+    float *kept_weights = malloc((size_t)(rows * capacity) * sizeof *kept_weights);
+    double *accept = malloc(positions * sizeof *accept), *mass = malloc(positions * sizeof *mass);
+    double *block_sums = malloc((size_t)(rows * blocks) * sizeof *block_sums);
+    for (int64_t b = 0; b < requests; b++)
+        for (int64_t j = 0, open = 1; j < drafted; j++) {
+            const int64_t d = proposed[b * drafted + j];
+            open = open && d >= 0 && d < n;
+            draft[b * drafted + j] = open ? d : -1;
+        }
+    draw_rows(logits, dtype, requests, per_position, n, temperature, greedy_below, top_k, top_p, min_p, rtol, block,
+              seeds, seeds_step, seed_offset, row_stride, salt, NULL, NULL, draft, accept_salt, tokens, at_draft,
+              accept, block_sums, capacity, kept_ids, kept_weights, kept_count, dense);
+    for (int64_t b = 0; b < requests; b++) {
+        first[b] = drafted;
+        for (int64_t j = 0; j < drafted; j++) {
+            const int64_t at = b * drafted + j, d = draft[at];
+            const double *sums = block_sums + (b * per_position + j) * blocks;
+            double total = 0.0;
+            for (int64_t t = 0; t < blocks; t++) total += sums[t];
+            mass[at] = total;
+            const double p_draft = (double)(at_draft[at] / (float)total);
+            const double q_draft = d >= 0 ? (double)element_of(draft_probs, draft_dtype, at, n, d) : 0.0;
+            const int blind = q_draft <= 0.0;
+            accepted[at] = d >= 0 && !(accept[at] * (blind ? 1.0 : q_draft) >= p_draft);
+            mode[at] = d < 0 ? FROM_TARGET : blind ? WITHOUT_DRAFT : FROM_RESIDUAL;
+            if (!accepted[at] && first[b] == drafted) first[b] = j;
+        }
+    }
+    recover_kept_rows(kept_count, kept_ids, kept_weights, capacity, dense, block_sums, mass, draft_probs, draft_dtype,
+                      draft, mode, seeds, seeds_step, seed_offset, row_stride, residual_salt, requests, drafted, n,
+                      block, drawn);
+    for (int64_t at = 0; at < requests * drafted; at++) recovered[at] = accepted[at] ? draft[at] : drawn[at];
+    free(draft);
+    free(drawn);
+    free(kept_count);
+    free(mode);
+    free(kept_ids);
+    free(accepted);
+    free(at_draft);
+    free(kept_weights);
+    free(accept);
+    free(mass);
+    free(block_sums);
 }
 
 /* The relaxed acceptance of thinking rows (SPEC §3.4) for each drafted position, on p = softmax(x) of

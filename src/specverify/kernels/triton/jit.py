@@ -9,11 +9,12 @@ Kept sets are found without sorting: a weight w = exp((x - max x) / T) lies in [
 patterns order like the values, so the top-k and top-p thresholds are the largest bit pattern t whose
 tail {w >= t} reaches a count (k) or a mass (top_p of the row's). Ties are kept: the kept set is
 {w >= t}. Sums run in float64. Draws are inverse-CDF walks in float64 in vocabulary order.
-A whole call (verify_kernel) reads a row about twice: pass 1 takes the max with per-tile sums and a
-histogram by depth below the running max; a second pass writes the few weights that can be kept to a
-per-row candidate buffer, where thresholds, mass and draw are finished; a walk reads only the tile its
-draw lands in. Where the candidates cannot decide (too many), the radix search of 4 bits per level
-(8 levels, each one pass testing 16 candidates at once) finds the thresholds, as weigh_kernel does.
+A whole call (verify_kernel) reads a row about once (no truncation) or twice: pass 1 takes the max
+with per-tile sums (rescaled as the max grows) and a histogram by depth below the running max; a second
+pass writes the few weights that can be kept to a per-row candidate buffer, where thresholds, mass and
+draw are finished; a walk reads only the tile its draw lands in. Where the candidates cannot decide (too
+many), the radix search of 4 bits per level (8 levels, each one pass testing 16 candidates at once) finds
+the thresholds, as weigh_kernel does.
 
 Keyed uniforms are rng.py's exactly: SplitMix64's finaliser on (s_b + j) and a per-stream salt, 53 bits.
 """
@@ -39,8 +40,13 @@ BUCKETS = tl.constexpr(16)
 BUCKET_NATS = tl.constexpr(1.0)
 # how far above top_p of the row's approximate mass a histogram's depth must reach
 MASS_MARGIN = tl.constexpr(1e-4)
-# a tile walk reads a tile whose sum takes the running sum within this fraction of the target
-WALK_MARGIN = tl.constexpr(1e-9)
+# a tile walk reads a tile whose sum takes the running sum within this fraction of the target. A tile sum
+# that first_pass rescaled to a grown top differs from the exact one by the float32 rounding of the
+# weights' exponents (x - top) / T at both tops: up to about 2**-24 * (depth in nats + 1) relative
+# (measured; exp2-based exp alike), so under 1e-5 for every weight above float32's smallest normal (87
+# nats deep; denormal ones are far too small to reach a target). 1e-4 covers that tenfold and costs a
+# needless read only where the target lies within 1e-4 of itself above the end of a tile
+WALK_MARGIN = tl.constexpr(1e-4)
 # a column index above every real one
 PAST_END = tl.constexpr(1 << 62)
 
@@ -535,16 +541,17 @@ def first_pass(
 ):
     """Pass 1 of verify_kernel, the only full read of most rows: the largest masked logit (NaN skipped, -inf
     when none) and its lowest index, and the top of the weights (it, 0 where it is not finite). For `plain`
-    rows, the float64 sum of each tile's weights [R, TILES] taken with the top known at that tile, and
-    `since`: the first tile whose sum used the final top (the sums before it are stale). For `sifted` rows,
-    a histogram of the weights by depth below the running top (BUCKETS buckets of BUCKET_NATS; the last one
-    holds everything deeper, -inf and NaN logits none): counts and approximate masses, float32 [R, BUCKETS],
-    moved deeper by whole buckets as the top grows, so that no entry sits shallower than its final depth.
-    -> (largest, best, top, since, sums, counts, masses)."""
+    rows, the float64 sum of each tile's weights [R, TILES] (NaN left out) with the final top: a tile's sum
+    is taken with the top known at that tile and multiplied by exp((old - new) * inverse) in float64 each
+    time the top grows later, so it differs from the exact sum by the rounding of the weights' exponents
+    (WALK_MARGIN); tiles from the final top's on are exact. For `sifted` rows, a histogram of the weights
+    by depth below the running top (BUCKETS buckets of BUCKET_NATS; the last one holds everything deeper,
+    -inf and NaN logits none): counts and approximate masses, float32 [R, BUCKETS], moved deeper by whole
+    buckets as the top grows, so that no entry sits shallower than its final depth.
+    -> (largest, best, top, sums, counts, masses)."""
     best = tl.full([ROWS], float("-inf"), tl.float32)
     index = tl.zeros([ROWS], tl.int64)
     top = tl.zeros([ROWS], tl.float32)
-    since = tl.zeros([ROWS], tl.int32)
     slots = tl.arange(0, TILES)
     sums = tl.zeros([ROWS, TILES], tl.float64)
     buckets = tl.arange(0, BUCKETS)
@@ -561,8 +568,11 @@ def first_pass(
         now = tl.where(tl.abs(best) < float("inf"), best, 0.0)
         w = weights_of(x, now, inverse)
         if any_plain:
-            since = tl.where(now != top, tile, since)
-            sums = tl.where(slots[None, :] == tile, tl.sum(kept_of(w, inside, 0).to(tl.float64), axis=1)[:, None], sums)
+            sums = tl.where(
+                slots[None, :] == tile,
+                tl.sum(kept_of(w, inside, 0).to(tl.float64), axis=1)[:, None],
+                sums * rescale(top, now, inverse, plain & seen & (tl.abs(best) < float("inf")))[:, None],
+            )
         if any_sifted:
             grown = tl.where(sifted & seen, (now - top) * inverse, 0.0)
             if tl.max(grown, axis=0) > 0:
@@ -577,7 +587,17 @@ def first_pass(
             counts += tl.sum(hits.to(tl.float32), axis=1)
             masses += tl.sum(tl.where(hits, w[:, :, None], 0.0), axis=1)
         top = now
-    return best, index, top, since, sums, counts, masses
+    return best, index, top, sums, counts, masses
+
+
+@triton.jit
+def rescale(old, new, inverse, active):
+    """What turns weights taken with the top `old` into weights taken with `new` (float32 [R], new >= old
+    where active): exp((old - new) * inverse) in float64, <= 1; 1 for rows not active or whose top did
+    not change -> float64 [R]."""
+    grown = active & (new != old)
+    exponent = (old.to(tl.float64) - new.to(tl.float64)) * inverse.to(tl.float64)
+    return tl.where(grown, tl.exp(tl.where(grown, exponent, 0.0)), 1.0)
 
 
 @triton.jit
@@ -597,22 +617,20 @@ def tile_sums(
     top,
     inverse,
     threshold,
-    upto,
     sums,
     HAS_MASK: tl.constexpr,
     TILE: tl.constexpr,
     TILES: tl.constexpr,
 ):
-    """The float64 sum of the kept weights (bits >= threshold [R]) of each tile t < upto [R] of `active`
-    rows, written into their slots of sums [R, TILES] (the others kept) -> sums."""
+    """The float64 sum of the kept weights (bits >= threshold [R]) of each tile of `active` rows, written
+    into their slots of sums [R, TILES] (other rows' kept) -> sums."""
     slots = tl.arange(0, TILES)
-    for start in range(0, tl.max(tl.where(active, upto, 0), axis=0) * TILE, TILE):
+    for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        tile = start // TILE
-        summed = active & (tile < upto)
-        x, inside = load_logits(x_ptr, row, cols, summed, V, m_ptr, W, HAS_MASK)
+        x, inside = load_logits(x_ptr, row, cols, active, V, m_ptr, W, HAS_MASK)
         kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
-        sums = tl.where(summed[:, None] & (slots[None, :] == tile), tl.sum(kept.to(tl.float64), axis=1)[:, None], sums)
+        at = active[:, None] & (slots[None, :] == start // TILE)
+        sums = tl.where(at, tl.sum(kept.to(tl.float64), axis=1)[:, None], sums)
     return sums
 
 
@@ -818,8 +836,11 @@ def walk_tiles(
 ):
     """The inverse-CDF walk over the kept weights (SAMPLED: the recovery's terms for judged rows) of
     `walking` rows, tile after tile as a walk over every tile, but reading a tile only where its sum (sums
-    [R, TILES], the sums of those terms) can take the running sum past the target: within WALK_MARGIN,
-    far above the rounding of a tile's sums, so it stops where the full walk would -> int64 [R]."""
+    [R, TILES], the sums of those terms: exact, or first_pass's within rounding) can take the running sum
+    past the target: within WALK_MARGIN, above that rounding, so it stops where the full walk would. The
+    running sum enters a tile as the total of the earlier tiles' sums, read or not (so which tiles are
+    read does not change the draw, and the last one ends at in_order(sums), the mass the target is a
+    share of); within a tile it adds the exact terms -> int64 [R]."""
     slots = tl.arange(0, TILES)
     before = tl.zeros([ROWS], tl.float64)
     token = tl.zeros([ROWS], tl.int64)
@@ -837,7 +858,7 @@ def walk_tiles(
             ).to(tl.float32)
             terms = residual_terms(terms, q, scale, cols[None, :], use_q, excluded)
         _, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
-        before = before + tile_sum
+        before = before + tile_sum  # the tile's sum, not its terms' total: the same whether it was read
     return tl.where(found, token, tl.maximum(last, 0))
 
 
@@ -888,10 +909,11 @@ def verify_kernel(
     recovered [B, K], bonus [B] and first [B] (set to K before the launch: each rejection lowers it with
     an atomic min).
 
-    Reads: pass 1 (first_pass) for every row; rows without truncation then re-read the tiles before their
-    maximum's (their sums were stale) and walk only the tile their draw lands in; truncating rows read once
-    more (compact) and finish on their candidates; where those do not decide the kept set (too many, or a
-    row whose largest logit is not finite) the radix search of kept_threshold runs, then the tile walk.
+    Reads: pass 1 (first_pass) for every row; rows without truncation take their mass from its tile sums
+    (rescaled there as the maximum grows, no re-read) and walk only the tile their draw lands in (rarely
+    two, within WALK_MARGIN of a tile's end); truncating rows read once more (compact) and finish on their
+    candidates; where those do not decide the kept set (too many, or a row whose largest logit is not
+    finite) the radix search of kept_threshold runs, then the tile walk.
     Sampled drafts read q at the draft, and over the candidates or (rows walked by tiles) one more pass of
     logits and q for the residual's mass."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
@@ -939,11 +961,9 @@ def verify_kernel(
     plain = sampled_rows & ~truncating
 
     # the kept set and its mass: rows without truncation by their tile sums, truncating ones on candidates
-    largest, best, top, since, sums, counts, masses = first_pass(
+    largest, best, top, sums, counts, masses = first_pass(
         x_ptr, row, valid, V, m_ptr, W, inverse, plain, truncating, HAS_MASK, ROWS, TILE, TILES
     )
-    zero = tl.zeros([ROWS], tl.int64)
-    sums = tile_sums(x_ptr, row, plain, V, m_ptr, W, top, inverse, zero, since, sums, HAS_MASK, TILE, TILES)
     bound, at_least = candidate_bound(counts, masses, top_k, top_p, limited, nucleus, floor)
     sifted = truncating & (tl.abs(largest) < float("inf")) & (at_least <= CANDIDATES)
     row_mass, positives, count = compact(
@@ -978,10 +998,7 @@ def verify_kernel(
             SEARCH,
         )
         threshold = tl.where(searched, found_threshold, threshold)
-        every_tile = tl.full([ROWS], (V + TILE - 1) // TILE, tl.int32)
-        sums = tile_sums(
-            x_ptr, row, searched, V, m_ptr, W, top, inverse, threshold, every_tile, sums, HAS_MASK, TILE, TILES
-        )
+        sums = tile_sums(x_ptr, row, searched, V, m_ptr, W, top, inverse, threshold, sums, HAS_MASK, TILE, TILES)
     mass = tl.where(listed, tl.sum(candidates.to(tl.float64), axis=1), in_order(sums, V, ROWS, TILE, TILES))
 
     # what each row draws from: p~ with the target stream, or (sampled drafts) the recovery
@@ -1082,6 +1099,7 @@ def verify_kernel(
         if SAMPLED:
             terms = residual_terms(candidates, listed_q, scale, columns, use_q, excluded)
         nothing = tl.zeros([ROWS], tl.float64)
+        zero = tl.zeros([ROWS], tl.int64)
         _, token, found, last = walk_tile(terms, columns, target, nothing, zero, row < 0, zero - 1)
         drawn = tl.where(listed, tl.where(found, token, tl.maximum(last, 0)), drawn)
 

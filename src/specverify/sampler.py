@@ -3,7 +3,8 @@
 One call: check the arguments -> mask the logits with the grammar bitmasks -> build each position's
 truncated target weights -> draw one keyed uniform per (row, position, stream) -> judge every position
 with the rule of its row (greedy, relaxed, argmax or sampled) -> take the first rejection. Where the
-backend runs whole calls (Triton, on CUDA), everything after the checks is one kernel.
+backend runs whole calls (Triton, on CUDA), everything after the checks is one kernel; where it draws rows
+(the C kernels, on the CPU), so is every call without thinking rows (verdicts.drawn_verdicts).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ a candidate that is simply wrong (which must be flagged). The CUDA tests skip cl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -128,3 +129,25 @@ def test_specverify_check_runs_on_the_device_at_hand(capsys):
     assert cases["read floor (amax)"]["x_read_floor"] == 1.0
     assert {"argmax, validate=False", "sampled, validate=False", "all greedy, validate=False"} <= set(cases)
     assert "  timing " in output and "x one torch.amax read" in output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install -e '.[test]')")
+def test_the_timing_section_can_meter_the_triton_kernels_traffic():
+    """On a GPU the timing section prints each case's passes over the logits, metered in a child process
+    under Triton's interpreter (timing.interpreted_passes): run here, it meters the same kernels."""
+    from specverify.check.timing import interpreted_passes
+
+    passes = interpreted_passes(["argmax", "greedy"])
+    assert set(passes) == {
+        "argmax, validate=False",
+        "argmax, validate=True",
+        "all greedy, validate=False",
+        "all greedy, validate=True",
+    }, passes
+    assert 0.99 <= passes["all greedy, validate=False"] <= 1.05, passes  # one read (tests/kernels/test_traffic.py)
+    # the bench's mixed rows: a third greedy (1 pass), a third top-k + top-p (2), a third top-p 0.95 alone
+    # (the counted fallback, about 17 here)
+    assert 2.0 <= passes["argmax, validate=False"] <= 8.0, passes
+    for mode in ("argmax", "all greedy"):  # validating reads the logits once more (the value scan)
+        assert 0.95 <= passes[f"{mode}, validate=True"] - passes[f"{mode}, validate=False"] <= 1.05, passes

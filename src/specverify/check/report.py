@@ -71,9 +71,19 @@ def print_report(report: dict, out=None) -> None:
     if "timing" in report:
         t = report["timing"]
         shape = ", ".join(f"{k}={v}" for k, v in t["shape"].items())
-        print(f"  timing      {shape} float32 on {t['backend']}, median x one torch.amax read:", file=out)
+        print(
+            f"  timing      {shape} float32 on {t['backend']}, median x one torch.amax read, x torch.softmax:", file=out
+        )
+        if "traffic_shape" in t:
+            traffic = ", ".join(f"{k}={v}" for k, v in t["traffic_shape"].items())
+            print(f"              passes over the logits metered under Triton's interpreter at {traffic}", file=out)
         for name, case in t["cases"].items():
-            print(f"    {name:<32} {case['median_ms']:>9.3f} ms  {case['x_read_floor']:>6.2f}x", file=out)
+            passes = f"  {case['passes']:>6.2f} passes" if "passes" in case else ""
+            print(
+                f"    {name:<32} {case['median_ms']:>9.3f} ms  {case['x_read_floor']:>6.2f}x  {case['x_softmax']:>5.2f}x"
+                f"{passes}",
+                file=out,
+            )
     if "vllm" in report:
         print_vllm(report["vllm"], out)
     for section in ("exactness", "statistics", "parity", "vllm"):

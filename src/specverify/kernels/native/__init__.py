@@ -380,10 +380,34 @@ def _readable_params(params: tuple) -> tuple:
     return temperature, greedy_below, top_k, top_p, None if min_p is None else _as(min_p, torch.float32), rtol
 
 
-def _readable_keys(keys: tuple) -> tuple:
-    """(seeds, shared, ...) with a tensor seed as contiguous int64."""
-    seeds = keys[0]
-    return (_as(seeds, torch.int64) if isinstance(seeds, torch.Tensor) else seeds, *keys[1:])
+def _readable_seed(seed: int | torch.Tensor) -> int | torch.Tensor:
+    """An int seed as it is, a tensor one contiguous int64."""
+    return _as(seed, torch.int64) if isinstance(seed, torch.Tensor) else seed
+
+
+def _leading_arguments(
+    logits: torch.Tensor, dtype: int, per_position: int, params: tuple, block: int, seed, shared: bool, a: int, b: int
+) -> tuple:
+    """The arguments kernels.c's draw_rows and draw_sampled_verdicts begin with, for requests [a, b):
+    their logits rows, dtype code, count, per_position, V, the readable params (_readable_params), block and
+    the key arguments (_key_bases)."""
+    vocab = logits.shape[-1]
+    temperature, greedy_below, top_k, top_p, min_p, rtol = params
+    return (
+        logits.data_ptr() + a * per_position * vocab * logits.element_size(),
+        dtype,
+        b - a,
+        per_position,
+        vocab,
+        _row_address(temperature, a, 1),
+        greedy_below,
+        _row_address(top_k, a, 1),
+        _row_address(top_p, a, 1),
+        _row_address(min_p, a, 1),
+        rtol,
+        block,
+        *_key_bases(seed, shared, a),
+    )
 
 
 def _draw(
@@ -405,9 +429,9 @@ def _draw(
     rows, vocab = logits.shape
     requests, drafted = rows // per_position, per_position - 1
     logits, dtype = _readable(logits)
-    width = logits.element_size()
-    temperature, greedy_below, top_k, top_p, min_p, rtol = _readable_params(params)
-    seeds, shared, salt = _readable_keys(keys)
+    params = _readable_params(params)
+    seeds, shared, salt = keys
+    seeds = _readable_seed(seeds)
     tokens = torch.empty(rows, dtype=torch.int64)
     first = at_draft = accept = sums = count = ids = weights = None  # (only the tokens, unless asked for)
     if proposed is not None:
@@ -428,19 +452,7 @@ def _draw(
     def run(a: int, b: int) -> None:
         row = a * per_position
         library.draw_rows(
-            logits.data_ptr() + row * vocab * width,
-            dtype,
-            b - a,
-            per_position,
-            vocab,
-            address(temperature, a, 1),
-            greedy_below,
-            address(top_k, a, 1),
-            address(top_p, a, 1),
-            address(min_p, a, 1),
-            rtol,
-            block,
-            *_key_bases(seeds, shared, a),
+            *_leading_arguments(logits, dtype, per_position, params, block, seeds, shared, a, b),
             salt,
             address(proposed, a, drafted),
             address(first, a, 1),
@@ -544,13 +556,10 @@ def draw_sampled_verdicts(
     requests, drafted = draft_tokens.shape
     per_position, vocab = drafted + 1, logits.shape[-1]
     logits, dtype = _readable(logits)
-    width = logits.element_size()
     draft_probs, draft_dtype = _readable(draft_probs)
     draft_width = draft_probs.element_size()
-    temperature, greedy_below, top_k, top_p, min_p, rtol = _readable_params(
-        (temperature, greedy_below, top_k, top_p, min_p, rtol)
-    )
-    seed, shared = _readable_keys((seed, shared))
+    params = _readable_params((temperature, greedy_below, top_k, top_p, min_p, rtol))
+    seed = _readable_seed(seed)
     proposed = _as(draft_tokens, torch.int64)
     tokens = torch.empty(requests, per_position, dtype=torch.int64)
     recovered = torch.empty(requests, drafted, dtype=torch.int64)
@@ -561,19 +570,7 @@ def draw_sampled_verdicts(
     def run(a: int, b: int) -> None:
         row = a * per_position
         library.draw_sampled_verdicts(
-            logits.data_ptr() + row * vocab * width,
-            dtype,
-            b - a,
-            per_position,
-            vocab,
-            address(temperature, a, 1),
-            greedy_below,
-            address(top_k, a, 1),
-            address(top_p, a, 1),
-            address(min_p, a, 1),
-            rtol,
-            block,
-            *_key_bases(seed, shared, a),
+            *_leading_arguments(logits, dtype, per_position, params, block, seed, shared, a, b),
             *salts,
             address(proposed, a, drafted),
             draft_probs.data_ptr() + a * drafted * vocab * draft_width,

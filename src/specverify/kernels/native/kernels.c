@@ -28,8 +28,13 @@
 #define PARALLEL_WORK 65536
 
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, the best chosen at load time (GCC's
- * function multiversioning, on x86-64 Linux); elsewhere they are compiled once for the target. */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+ * function multiversioning, on x86-64 Linux); elsewhere they are compiled once for the target. The AVX2
+ * build is x86-64-v3 (AVX2 with FMA) where GCC names that level (12 and later): the exp's polynomial in
+ * fused multiply-adds is a quarter faster, and contracted as the AVX-512 build contracts it (GCC enables
+ * FMA with AVX-512F), so that both give the same weights. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#elif defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CLONES
@@ -118,12 +123,42 @@ static inline float chunk_max(const float *at) {
     return top[0] > top[1] ? top[0] : top[1];
 }
 
+/* A bucket holding more than 1 / GATHER_DENSE of a row is gathered without a branch per value (whether a
+ * value belongs is then too often unpredictable); a sparser one skips the groups of 16 values it misses. */
+#define GATHER_DENSE 16
+
+/* Copy the values of the row whose bits reach floor_bits and whose bits 20-29 are `bucket` to scratch, in
+ * row order; dense: most groups of 16 values hold one (GATHER_DENSE). Returns how many were copied. */
+static inline int64_t gather_bucket(const float *row, int64_t n, uint32_t floor_bits, uint32_t bucket, int dense,
+                                    float *scratch) {
+    int64_t count = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        int any = dense;
+        for (int t = 0; t < 16 && !dense; t++) {
+            const uint32_t b = bits_of(row[i + t]);
+            any |= (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+        }
+        if (!any) continue;
+        for (int t = 0; t < 16; t++) {
+            const uint32_t b = bits_of(row[i + t]);
+            scratch[count] = row[i + t];
+            count += (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+        }
+    }
+    for (; i < n; i++) {
+        const uint32_t b = bits_of(row[i]);
+        scratch[count] = row[i];
+        count += (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+    }
+    return count;
+}
+
 /* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
  * a value weighs itself (mass != 0) or 1, and the target is `target`, or `target` times the weight of
  * {v >= floor} when `fraction` != 0. Returns 0 when the whole weight is below the target.
  * Radix selection: a histogram of bits 20-29 over the row (for values <= 1, the exponent's low 7 bits
- * and 3 bits of mantissa), then the values of the chosen bucket are gathered into `scratch` (room for
- * n values) and resolved on the next 10 and 10 bits. */
+ * and 3 bits of mantissa), then the values of the chosen bucket are gathered (gather_bucket) into
+ * `scratch` (room for n values) and resolved on the next 10 and 10 bits. */
 static float select_threshold(const float *row, int64_t n, int mass, float floor_value, double target, int fraction,
                               float *scratch) {
     const uint32_t floor_bits = bits_of(floor_value);
@@ -150,11 +185,9 @@ static float select_threshold(const float *row, int64_t n, int mass, float floor
     while (chosen >= 0 && above + hist[chosen] < target) above += hist[chosen--];
     if (chosen < 0) return 0.0f;
     uint32_t prefix = (uint32_t)chosen;
-    int64_t count = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t b = bits_of(row[i]);
-        if (b >= floor_bits && ((b >> 20) & 1023u) == prefix) scratch[count++] = row[i];
-    }
+    /* at most this many values lie in the bucket: its mass over its smallest value (or its count) */
+    const double in_bucket = mass ? hist[chosen] / float_of(prefix << 20) : hist[chosen];
+    int64_t count = gather_bucket(row, n, floor_bits, prefix, in_bucket * GATHER_DENSE > (double)n, scratch);
     for (int shift = 10; shift >= 0; shift -= 10) {
         memset(hist, 0, sizeof hist);
         for (int64_t i = 0; i < count; i++) hist[(bits_of(scratch[i]) >> shift) & 1023u] += mass ? (double)scratch[i] : 1.0;
@@ -162,8 +195,10 @@ static float select_threshold(const float *row, int64_t n, int mass, float floor
         while (chosen > 0 && above + hist[chosen] < target) above += hist[chosen--];
         /* chosen == 0 without reaching: rounding between levels, keep the whole bucket */
         int64_t kept = 0;
-        for (int64_t i = 0; i < count; i++)
-            if (((bits_of(scratch[i]) >> shift) & 1023u) == (uint32_t)chosen) scratch[kept++] = scratch[i];
+        for (int64_t i = 0; i < count; i++) { /* (branch-free, in place: kept <= i) */
+            scratch[kept] = scratch[i];
+            kept += ((bits_of(scratch[i]) >> shift) & 1023u) == (uint32_t)chosen;
+        }
         count = kept;
         prefix = (prefix << 10) | (uint32_t)chosen;
     }

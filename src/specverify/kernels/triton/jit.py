@@ -1086,7 +1086,7 @@ def verify_kernel(
     columns = tl.zeros([ROWS, CANDIDATES], tl.int64)
     decided = row < 0
     listed = row < 0
-    for _ in range(LEVELS):
+    for _level in range(LEVELS):
         if tl.max(sifted.to(tl.int32), axis=0) > 0:
             tl.debug_barrier()  # the previous level's candidates have been read
             row_mass, positives, count, sure, cut = compact(

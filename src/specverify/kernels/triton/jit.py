@@ -47,6 +47,11 @@ BUCKETS = tl.constexpr(16)
 BUCKET_NATS = tl.constexpr(1.0)
 # how far above top_p of the row's approximate mass a histogram's depth must reach
 MASS_MARGIN = tl.constexpr(1e-4)
+# how many weight bits (about 1.2e-4 relative) a bucket's edge is moved outwards where it bounds a region:
+# the histogram places a weight by its float32 depth, the edge is exp of another float32 sum, and bf16
+# logits meet an edge exactly (lead, like the depths, is a sum of their differences), so a tie group at
+# an edge may be counted on either side of it; the rounding is under 1e-6 relative
+EDGE_SLACK = tl.constexpr(1 << 10)
 # a tile walk reads a tile whose sum takes the running sum within this fraction of the target. A tile sum
 # that first_pass rescaled to a grown top differs from the exact one by the float32 rounding of the
 # weights' exponents (x - top) / T at both tops: up to about 2**-24 * (depth in nats + 1) relative
@@ -675,7 +680,7 @@ def in_order(sums, V, ROWS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexp
 @triton.jit
 def candidate_bound(counts, masses, lead, deepest, top_k, top_p, limited, nucleus, floor):
     """Where a sifted row's candidates start, as weight bits [R] (at least 1: never a zero weight): the lower
-    edge of the first histogram bucket (first_pass's, starting lead nats above the top) whose cumulative
+    edge (less EDGE_SLACK) of the first histogram bucket (first_pass's, starting lead nats above the top) whose cumulative
     count reaches top_k (top-k rows), else whose cumulative mass reaches top_p of the row's with a margin
     (top-p rows), or the deepest weight where that lies below it; raised to min-p's bits `floor` unless
     both top-k and top-p apply; 1 (every positive weight) where no bucket but the last one reaches. Also
@@ -687,7 +692,7 @@ def candidate_bound(counts, masses, lead, deepest, top_k, top_p, limited, nucleu
     by_mass = tl.cumsum(masses, axis=1) >= (top_p * (1.0 + MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
     reaches = tl.where(limited[:, None], by_count, nucleus[:, None] & by_mass)
     depth = tl.min(tl.where(reaches, buckets[None, :], BUCKETS - 1), axis=1)
-    edge = bucket_edge(lead, depth + 1)
+    edge = bucket_edge(lead, depth + 1) - EDGE_SLACK
     bound = tl.maximum(tl.where(depth < BUCKETS - 1, tl.maximum(edge, deepest), 1), 1)
     raised = tl.where(limited & nucleus, bound, tl.maximum(bound, floor))
     at_least = tl.sum(tl.where(buckets[None, :] == depth[:, None], above, 0.0), axis=1)
@@ -704,11 +709,11 @@ def bucket_edge(lead, depth):
 def sure_bound(masses, lead, top_p):
     """Where a top-p row's surely kept weights start, as weight bits [R]: the upper edge of the first
     histogram bucket whose cumulative mass reaches top_p of the row's less MASS_MARGIN (the nucleus
-    threshold lies at or below it), at most ONE_UP (nothing sure) -> int64 [R]."""
+    threshold lies at or below it), plus EDGE_SLACK, at most ONE_UP (nothing sure) -> int64 [R]."""
     buckets = tl.arange(0, BUCKETS)
     reaches = tl.cumsum(masses, axis=1) >= (top_p * (1.0 - MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
     depth = tl.min(tl.where(reaches, buckets[None, :], BUCKETS - 1), axis=1)
-    return tl.minimum(bucket_edge(lead, depth), ONE_UP)
+    return tl.minimum(bucket_edge(lead, depth) + EDGE_SLACK, ONE_UP)
 
 
 @triton.jit
@@ -737,15 +742,20 @@ def compact(
     whose weight bits lie in [bound, hi) written in vocabulary order to the row's CANDIDATES slots of c_ptr
     as (bits << 32) | column (a count above CANDIDATES: they did not all fit; the first CANDIDATES are
     written), the float64 sums per tile of the weights at or above hi (float64 [R, TILES]: kept whatever
-    the threshold in the region), and for `split` rows the float64 mass of the candidates at or above
-    each of the region's cuts (split_edges, float64 [R, SPLITS]) -> (mass, positives, count, sure, cut)."""
+    the threshold in the region), and for `split` rows, per cut i of the region (split_edges: cut i holds
+    the bits in [edge i, edge i - 1), edge -1 = hi), the float64 mass of the candidates at or above edge i,
+    the smallest candidate's bits at or above it and the largest below edge i - 1 (int64 [R, SPLITS]; the
+    cut's range where it holds any) -> (mass, positives, count, sure, cut, least, most)."""
     mass = tl.zeros([ROWS], tl.float64)
     positives = tl.zeros([ROWS], tl.int32)
     count = tl.zeros([ROWS], tl.int32)
     slots = tl.arange(0, TILES)
     sure = tl.zeros([ROWS, TILES], tl.float64)
     cut = tl.zeros([ROWS, SPLITS], tl.float64)
-    edges = split_edges(bound, hi)
+    least = tl.full([ROWS, SPLITS], PAST_END, tl.int64)
+    most = tl.full([ROWS, SPLITS], -1, tl.int64)
+    lower = split_edges(bound, hi, 1)
+    upper = split_edges(bound, hi, 0)
     any_split = tl.max((sifted & split).to(tl.int32), axis=0) > 0
     if tl.max(sifted.to(tl.int32), axis=0) > 0:
         for start in range(0, V, SEARCH):
@@ -764,35 +774,42 @@ def compact(
             above = tl.sum(tl.where(keys >= hi[:, None], w, 0.0).to(tl.float64), axis=1)
             sure = tl.where(slots[None, :] == start // TILE, sure + above[:, None], sure)
             if any_split:
-                reaches = chosen[:, :, None] & (keys[:, :, None] >= edges[:, None, :])
+                reaches = chosen[:, :, None] & (keys[:, :, None] >= lower[:, None, :])
                 cut += tl.sum(tl.where(reaches, w.to(tl.float64)[:, :, None], 0.0), axis=1)
-    return mass, positives, count, sure, cut
+                least = tl.minimum(least, tl.min(tl.where(reaches, keys[:, :, None], PAST_END), axis=1))
+                under = chosen[:, :, None] & (keys[:, :, None] < upper[:, None, :])
+                most = tl.maximum(most, tl.max(tl.where(under, keys[:, :, None], -1), axis=1))
+    return mass, positives, count, sure, cut, least, most
 
 
 @triton.jit
-def split_edges(bound, hi):
-    """The cuts of a region of weight bits [bound, hi) (int64 [R]): hi - (hi - bound) * (i + 1) // SPLITS
-    for i < SPLITS, descending, the last one `bound` -> int64 [R, SPLITS]."""
-    steps = tl.arange(0, SPLITS).to(tl.int64) + 1
+def split_edges(bound, hi, OFFSET: tl.constexpr):
+    """The cuts' edges of a region of weight bits [bound, hi) (int64 [R]): hi - (hi - bound) * (i + OFFSET)
+    // SPLITS for i < SPLITS, descending: OFFSET 1, where each cut begins (the last one `bound`); OFFSET 0,
+    where each one ends (the first one hi) -> int64 [R, SPLITS]."""
+    steps = tl.arange(0, SPLITS).to(tl.int64) + OFFSET
     return hi[:, None] - ((hi - bound)[:, None] * steps[None, :]) // SPLITS
 
 
 @triton.jit
-def refine_region(bound, hi, above, cut, target, floor):
-    """The next region of a top-p row that compact cut but whose candidates did not decide it: the cut
-    [edge i, edge i - 1) (edge -1 = hi) where the tail above + cut (float64 [R, SPLITS], compact's; above:
-    the mass at or above hi) first reaches the target, the nucleus threshold lying there; where no cut
-    reaches it the threshold lies below bound, and a row whose bound is min-p's floor keeps {w >= floor}:
-    the region [bound, bound), all sure. Also whether there is one (the threshold below hi, and above
-    bound or under the floor) -> (bound, hi, bool), int64 [R]."""
-    edges = split_edges(bound, hi)
+def refine_region(above, cut, least, most, target, bound, floor):
+    """The next region of a top-p row that compact cut but whose candidates did not decide it: the range of
+    bits [least, most + 1) that the candidates of cut i hold, i the first cut where the tail above + cut
+    (float64 [R, SPLITS], compact's; above: the mass at or above the region) reaches the target, so the
+    nucleus threshold lies in it. It is `pinned` (the threshold is its lower end, nothing is left to
+    list: the next region is [t, t), everything at or above t sure) where the cut holds one value (ties),
+    and where no cut reaches the target on a row whose bound is min-p's floor (the threshold lies below
+    it, so the floor decides). Also whether there is a next region (the threshold below the region's
+    top, and in it or under the floor) -> (bound, hi, found, pinned), int64 [R] and bool [R]."""
     steps = tl.arange(0, SPLITS)
     first = tl.min(tl.where(above[:, None] + cut >= target[:, None], steps[None, :], SPLITS), axis=1)
-    lower = tl.sum(tl.where(steps[None, :] == first[:, None], edges, 0), axis=1)
-    upper = tl.where(first == 0, hi, tl.sum(tl.where(steps[None, :] == first[:, None] - 1, edges, 0), axis=1))
+    lower = tl.sum(tl.where(steps[None, :] == first[:, None], least, 0), axis=1)
+    upper = tl.sum(tl.where(steps[None, :] == first[:, None], most, 0), axis=1) + 1
     floored = (first == SPLITS) & (floor >= bound)
     found = (above < target) & ((first < SPLITS) | floored)
-    return tl.where(floored, bound, lower), tl.where(floored, bound, upper), found
+    pinned = found & (floored | (upper - lower == 1))
+    lower = tl.where(floored, bound, lower)
+    return lower, tl.where(pinned, lower, upper), found, pinned
 
 
 @triton.jit
@@ -1086,10 +1103,11 @@ def verify_kernel(
     columns = tl.zeros([ROWS, CANDIDATES], tl.int64)
     decided = row < 0
     listed = row < 0
+    pinned = row < 0
     for _level in range(LEVELS):
         if tl.max(sifted.to(tl.int32), axis=0) > 0:
             tl.debug_barrier()  # the previous level's candidates have been read
-            row_mass, positives, count, sure, cut = compact(
+            row_mass, positives, count, sure, cut, least, most = compact(
                 x_ptr,
                 row,
                 sifted,
@@ -1129,8 +1147,8 @@ def verify_kernel(
                 above,
                 CANDIDATES,
             )
-            now = sifted & resolved
-            threshold = tl.where(now, found, threshold)
+            now = sifted & (resolved | pinned)
+            threshold = tl.where(now, tl.where(pinned, bound, found), threshold)
             candidates = tl.where(now[:, None], kept, candidates)
             columns = tl.where(now[:, None], at, columns)
             listed = listed | (now & (hi == ONE_UP))  # nothing sure: the candidates are the kept set
@@ -1139,8 +1157,8 @@ def verify_kernel(
                     (now & (hi < ONE_UP))[:, None], candidate_tile_sums(sure, kept, at, V, TILE, TILES), sums
                 )
             decided = decided | now
-            bound, hi, narrowed = refine_region(bound, hi, above, cut, target, floor)
-            sifted = sifted & split & ~resolved & narrowed
+            bound, hi, narrowed, pinned = refine_region(above, cut, least, most, target, bound, floor)
+            sifted = sifted & split & ~now & narrowed
     tiled = sampled_rows & ~listed
     searched = truncating & ~decided
     threshold = tl.where(decided, threshold, 0)

@@ -225,7 +225,8 @@ def test_whole_calls_over_many_tiles_match_the_torch_reference_up_to_rounding(mo
 def _wide_nucleus_cases() -> list:
     """Top-p rows without top-k whose nucleus holds more than the 1024 candidates (V = 5000): flat logits and
     a few heavy tokens over a Gaussian tail, top_p from 0.5 to 0.999, masks, -inf logits, bf16, min-p (0.7
-    on flat rows: a floor above the nucleus with thousands of tokens over it), argmax and sampled drafts."""
+    on flat rows: a floor above the nucleus with thousands of tokens over it), argmax and sampled drafts;
+    integer logits (more than 1024 tokens tied at the threshold: a cut of one value pins it)."""
     from specverify.check.parity import Case
 
     g = torch.Generator().manual_seed(24)
@@ -235,6 +236,7 @@ def _wide_nucleus_cases() -> list:
         ("fp32", torch.float32, False),
         ("bf16", torch.bfloat16, False),
         ("sampled", torch.float32, True),
+        ("ties", torch.float32, False),
     ):
         logits = torch.randn(batch, positions + 1, vocab, generator=g) * 2.0
         logits.scatter_add_(
@@ -244,6 +246,8 @@ def _wide_nucleus_cases() -> list:
         )
         flat = torch.arange(batch) % 2 == 0
         logits[flat] = torch.randn(int(flat.sum()), positions + 1, vocab, generator=g) * 0.1
+        if name == "ties":
+            logits = torch.randn(batch, positions + 1, vocab, generator=g).round()
         logits[torch.rand(logits.shape, generator=g) < 0.05] = float("-inf")
         allowed = torch.rand(batch, positions + 1, vocab, generator=g) < 0.9
         allowed.scatter_(-1, logits.argmax(-1, keepdim=True), True)

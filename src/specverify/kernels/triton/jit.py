@@ -16,12 +16,13 @@ are finished; a walk reads only the tile its draw lands in. A top-p row without 
 too large for the buffer keeps for sure every weight above its boundary region (the histogram's buckets
 where the mass can reach top_p), sums those exactly per tile in pass 2 and lists only the region's
 weights; where the region holds too many, pass 2 also cuts it SPLITS ways (exact float64 tails at each
-cut) and pass 3 lists only the cut where the threshold lies (a pass 4 cuts once more); the threshold is
+cut, and the range of bits each cut holds) and pass 3 lists only the cut where the threshold lies (a
+pass 4 cuts once more; a cut of one tied value pins the threshold, nothing to list); the threshold is
 found on the candidates with the sure mass added to every tail, and the draw walks tiles whose sums are
-the sure sums plus their kept candidates (about 3 passes for wide nuclei and flat rows). Where the
-candidates cannot decide (a top-k row with too many, thousands of tied weights), the radix search of 4
-bits per level (8 levels, each one pass testing 16 candidates at once) finds the thresholds, as
-weigh_kernel does.
+the sure sums plus their kept candidates (about 3 passes for wide nuclei and flat rows, 4 for flat rows
+of V = 128256). Where the candidates cannot decide (a top-k row with too many, a top-p row whose cut
+still holds too many after LEVELS passes), the radix search of 4 bits per level (8 levels, each one
+pass testing 16 candidates at once) finds the thresholds, as weigh_kernel does.
 
 Keyed uniforms are rng.py's exactly: SplitMix64's finaliser on (s_b + j) and a per-stream salt, 53 bits.
 """
@@ -70,8 +71,8 @@ ONE_UP = tl.constexpr(0x3F800001)
 SPLITS = tl.constexpr(64)
 # passes after the first that a top-p row may take to bring its boundary region to CANDIDATES tokens
 # (each cuts it SPLITS ways) before the radix search takes over: the first's region is one or two buckets,
-# the next is 1/64 of that, the last 1/4096 (flat rows at V = 128256 need it; rows of tied weights fall
-# through to the search)
+# the next is at most 1/64 of that, the last 1/4096 (flat rows at V = 128256 need it; a cut of tied
+# weights pins the threshold instead)
 LEVELS = tl.constexpr(3)
 
 

@@ -28,8 +28,8 @@ BOUNDS = {
     "greedy rows": (1.05, 1.05),
     "sampled, temperature + top-k 50 + top-p 0.9": (2.15, 2.15),
     "argmax, temperature + top-k 50 + top-p 0.9 + min-p 0.05": (2.15, 2.15),
-    "argmax, temperature + top-p 0.95": (10.6, 10.6),
-    "argmax, flat logits, temperature + top-p 0.9": (11.4, 11.4),
+    "argmax, temperature + top-p 0.95": (3.0, 3.0),
+    "argmax, flat logits, temperature + top-p 0.9": (3.45, 3.45),
 }
 
 

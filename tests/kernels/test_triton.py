@@ -222,6 +222,72 @@ def test_whole_calls_over_many_tiles_match_the_torch_reference_up_to_rounding(mo
     _assert_parity_with_torch()
 
 
+def _wide_nucleus_cases() -> list:
+    """Top-p rows without top-k whose nucleus holds more than the 1024 candidates (V = 5000): flat logits and
+    a few heavy tokens over a Gaussian tail, top_p from 0.5 to 0.999, masks, -inf logits, bf16, min-p (0.7
+    on flat rows: a floor above the nucleus with thousands of tokens over it), argmax and sampled drafts;
+    integer logits (more than 1024 tokens tied at the threshold: a cut of one value pins it)."""
+    from specverify.check.parity import Case
+
+    g = torch.Generator().manual_seed(24)
+    batch, positions, vocab = 12, 2, 5000
+    cases = []
+    for name, dtype, sampled in (
+        ("fp32", torch.float32, False),
+        ("bf16", torch.bfloat16, False),
+        ("sampled", torch.float32, True),
+        ("ties", torch.float32, False),
+    ):
+        logits = torch.randn(batch, positions + 1, vocab, generator=g) * 2.0
+        logits.scatter_add_(
+            -1,
+            torch.randint(0, vocab, (batch, positions + 1, 8), generator=g),
+            torch.rand(batch, positions + 1, 8, generator=g) * 8 + 4,
+        )
+        flat = torch.arange(batch) % 2 == 0
+        logits[flat] = torch.randn(int(flat.sum()), positions + 1, vocab, generator=g) * 0.1
+        if name == "ties":
+            logits = torch.randn(batch, positions + 1, vocab, generator=g).round()
+        logits[torch.rand(logits.shape, generator=g) < 0.05] = float("-inf")
+        allowed = torch.rand(batch, positions + 1, vocab, generator=g) < 0.9
+        allowed.scatter_(-1, logits.argmax(-1, keepdim=True), True)
+        bitmask = sv.pack_bitmask(allowed)
+        bitmask[::3] = -1
+        args = dict(
+            draft_tokens=torch.randint(0, vocab, (batch, positions), generator=g),
+            target_logits=logits.to(dtype),
+            temperature=torch.tensor([1.0, 0.7, 1.3, 1.0] * 3),
+            top_k=torch.full((batch,), -1),
+            max_k=None,
+            top_p=torch.tensor([0.5, 0.9, 0.95, 0.99, 0.999, 0.8] * 2),
+            min_top_p=None,
+            seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
+            token_bitmasks=bitmask,
+            min_p=torch.where(flat & (torch.arange(batch) % 4 == 2), 0.7, 0.0),
+        )
+        if sampled:
+            q = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 2, -1)
+            args.update(
+                draft_proposal="sampled",
+                draft_probs_full=q,
+                draft_tokens=torch.multinomial(q.view(-1, vocab), 1, generator=g).view(batch, positions),
+            )
+        cases.append(Case(f"wide nucleus V=5000 {name}", args))
+    return cases
+
+
+@pytest.mark.parametrize("tile", [None, 256])
+def test_top_p_rows_with_wide_nuclei_match_the_torch_reference(monkeypatch, tile):
+    """Rows whose kept set is too large for the candidates: what lies above the boundary region is summed per
+    tile as surely kept, the region cut until the threshold's part fits (up to LEVELS passes), the draw a
+    tile walk; in tiles of 256 columns too (20 per row). Tokens identical to the torch path."""
+    if tile is not None:
+        monkeypatch.setattr(launchers, "INTERPRETED_MAX_TILE", tile)
+    report = parity_check(Target("cpu", backend="torch"), Target("cpu", backend="triton"), cases=_wide_nucleus_cases())
+    assert report["passed"], report["failures"]
+    assert sum(r["mismatches"] for r in report["cases"]) == 0, report["cases"]
+
+
 def test_whole_calls_follow_the_float64_laws():
     """The device check's statistics section through Triton: chi-square of every committed position and of the
     first rejection against exact laws, argmax and sampled drafts, masks, min-p; power shown."""

@@ -62,10 +62,18 @@ def launch_shape(rows: int, vocab: int, device: torch.device, block: int | None 
 MAX_CANDIDATES = 1024
 
 
+#: The most elements a Triton tensor may hold (triton.language's TRITON_MAX_TENSOR_NUMEL).
+MAX_TENSOR_ELEMENTS = 1 << 20
+
+
 def verify_shape(rows: int, vocab: int, device: torch.device) -> dict:
     """launch_shape for verify_kernel, with TILES (tile sums per row, a power of two) and CANDIDATES (the
-    candidates' slots per row, a power of two: MAX_CANDIDATES, or fewer for a small vocabulary)."""
+    candidates' slots per row, a power of two: MAX_CANDIDATES, or fewer for a small vocabulary); ROWS and
+    SEARCH small enough for compact's [ROWS, SEARCH, SPLITS] cuts (only the interpreter's wide programs
+    need it)."""
     shape = launch_shape(rows, vocab, device)
+    shape["ROWS"] = min(shape["ROWS"], MAX_TENSOR_ELEMENTS // (16 * jit.SPLITS.value))
+    shape["SEARCH"] = min(shape["SEARCH"], max(16, MAX_TENSOR_ELEMENTS // (shape["ROWS"] * jit.SPLITS.value)))
     shape["TILES"] = _next_power_of_two(-(-vocab // shape["TILE"]))
     shape["CANDIDATES"] = min(MAX_CANDIDATES, max(16, _next_power_of_two(vocab)))
     return shape

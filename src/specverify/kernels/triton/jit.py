@@ -10,11 +10,19 @@ patterns order like the values, so the top-k and top-p thresholds are the larges
 tail {w >= t} reaches a count (k) or a mass (top_p of the row's). Ties are kept: the kept set is
 {w >= t}. Sums run in float64. Draws are inverse-CDF walks in float64 in vocabulary order.
 A whole call (verify_kernel) reads a row about once (no truncation) or twice: pass 1 takes the max
-with per-tile sums (rescaled as the max grows) and a histogram by depth below the running max; a second
-pass writes the few weights that can be kept to a per-row candidate buffer, where thresholds, mass and
-draw are finished; a walk reads only the tile its draw lands in. Where the candidates cannot decide (too
-many), the radix search of 4 bits per level (8 levels, each one pass testing 16 candidates at once) finds
-the thresholds, as weigh_kernel does.
+with per-tile sums (rescaled as the max grows) and a histogram by depth below the max; a second pass
+writes the few weights that can be kept to a per-row candidate buffer, where thresholds, mass and draw
+are finished; a walk reads only the tile its draw lands in. A top-p row without top-k whose nucleus is
+too large for the buffer keeps for sure every weight above its boundary region (the histogram's buckets
+where the mass can reach top_p), sums those exactly per tile in pass 2 and lists only the region's
+weights; where the region holds too many, pass 2 also cuts it SPLITS ways (exact float64 tails at each
+cut, and the range of bits each cut holds) and pass 3 lists only the cut where the threshold lies (a
+pass 4 cuts once more; a cut of one tied value pins the threshold, nothing to list); the threshold is
+found on the candidates with the sure mass added to every tail, and the draw walks tiles whose sums are
+the sure sums plus their kept candidates (about 3 passes for wide nuclei and flat rows, 4 for flat rows
+of V = 128256). Where the candidates cannot decide (a top-k row with too many, a top-p row whose cut
+still holds too many after LEVELS passes), the radix search of 4 bits per level (8 levels, each one
+pass testing 16 candidates at once) finds the thresholds, as weigh_kernel does.
 
 Keyed uniforms are rng.py's exactly: SplitMix64's finaliser on (s_b + j) and a per-stream salt, 53 bits.
 """
@@ -40,6 +48,11 @@ BUCKETS = tl.constexpr(16)
 BUCKET_NATS = tl.constexpr(1.0)
 # how far above top_p of the row's approximate mass a histogram's depth must reach
 MASS_MARGIN = tl.constexpr(1e-4)
+# how many weight bits (about 1.2e-4 relative) a bucket's edge is moved outwards where it bounds a region:
+# the histogram places a weight by its float32 depth, the edge is exp of another float32 sum, and bf16
+# logits meet an edge exactly (lead, like the depths, is a sum of their differences), so a tie group at
+# an edge may be counted on either side of it; the rounding is under 1e-6 relative
+EDGE_SLACK = tl.constexpr(1 << 10)
 # a tile walk reads a tile whose sum takes the running sum within this fraction of the target. A tile sum
 # that first_pass rescaled to a grown top differs from the exact one by the float32 rounding of the
 # weights' exponents (x - top) / T at both tops: up to about 2**-24 * (depth in nats + 1) relative
@@ -49,6 +62,18 @@ MASS_MARGIN = tl.constexpr(1e-4)
 WALK_MARGIN = tl.constexpr(1e-4)
 # a column index above every real one
 PAST_END = tl.constexpr(1 << 62)
+# weight bits above every weight (1.0's bits + 1: weights are at most 1): a bound that leaves nothing sure
+ONE_UP = tl.constexpr(0x3F800001)
+# a top-p row's boundary region is cut at this many edges, evenly spaced in weight bits (about evenly in
+# log weight), per refining pass: a region of up to SPLITS * CANDIDATES tokens at the threshold's density
+# resolves on the next pass. Flat rows hold the most there: about 2 V tokens per nat near top-p 0.9, so a
+# bucket of 1 nat at V = 32768 needs 64 (~1000 per cut); larger costs registers ([R, SEARCH, SPLITS])
+SPLITS = tl.constexpr(64)
+# passes after the first that a top-p row may take to bring its boundary region to CANDIDATES tokens
+# (each cuts it SPLITS ways) before the radix search takes over: the first's region is one or two buckets,
+# the next is at most 1/64 of that, the last 1/4096 (flat rows at V = 128256 need it; a cut of tied
+# weights pins the threshold instead)
+LEVELS = tl.constexpr(3)
 
 
 @triton.jit
@@ -545,10 +570,13 @@ def first_pass(
     is taken with the top known at that tile and multiplied by exp((old - new) * inverse) in float64 each
     time the top grows later, so it differs from the exact sum by the rounding of the weights' exponents
     (WALK_MARGIN); tiles from the final top's on are exact. For `sifted` rows, a histogram of the weights
-    by depth below the running top (BUCKETS buckets of BUCKET_NATS; the last one holds everything deeper,
-    -inf and NaN logits none): counts and approximate masses, float32 [R, BUCKETS], moved deeper by whole
-    buckets as the top grows, so that no entry sits shallower than its final depth.
-    -> (largest, best, top, sums, counts, masses)."""
+    by depth (BUCKETS buckets of BUCKET_NATS; the last one holds everything deeper, -inf and NaN logits
+    none): counts and approximate masses, float32 [R, BUCKETS]. Bucket i holds the depths below the top in
+    [i * BUCKET_NATS - lead, (i + 1) * BUCKET_NATS - lead), lead in [0, BUCKET_NATS) nats [R]: as the top
+    grows the histogram moves deeper by whole buckets and lead takes up the rest, so that the buckets'
+    edges stay where they were (up to float32 rounding) and each weight sits in its final bucket. Also the
+    bits of the smallest weight of a finite logit, `deepest` (int64 [R]; 0 for rows not sifted).
+    -> (largest, best, top, sums, counts, masses, lead, deepest)."""
     best = tl.full([ROWS], float("-inf"), tl.float32)
     index = tl.zeros([ROWS], tl.int64)
     top = tl.zeros([ROWS], tl.float32)
@@ -557,6 +585,8 @@ def first_pass(
     buckets = tl.arange(0, BUCKETS)
     counts = tl.zeros([ROWS, BUCKETS], tl.float32)
     masses = tl.zeros([ROWS, BUCKETS], tl.float32)
+    lead = tl.zeros([ROWS], tl.float32)
+    least = tl.full([ROWS], float("inf"), tl.float32)
     any_plain = tl.max(plain.to(tl.int32), axis=0) > 0
     any_sifted = tl.max(sifted.to(tl.int32), axis=0) > 0
     for start in range(0, V, TILE):
@@ -576,18 +606,22 @@ def first_pass(
         if any_sifted:
             grown = tl.where(sifted & seen, (now - top) * inverse, 0.0)
             if tl.max(grown, axis=0) > 0:
-                shift = tl.minimum(tl.maximum(tl.ceil(grown / BUCKET_NATS), 0.0), BUCKETS).to(tl.int32)
+                steps = tl.maximum(tl.ceil((grown - lead) / BUCKET_NATS), 0.0)  # whole buckets deeper
+                lead = lead + steps * BUCKET_NATS - grown
+                shift = tl.minimum(steps, BUCKETS).to(tl.int32)
                 moved = tl.minimum(buckets[None, :] + shift[:, None], BUCKETS - 1)[:, :, None] == buckets[None, None, :]
                 counts = tl.sum(tl.where(moved, counts[:, :, None], 0.0), axis=1)
                 masses = tl.sum(tl.where(moved, masses[:, :, None], 0.0), axis=1) * tl.exp(-grown)[:, None]
             counted = sifted[:, None] & inside & (x > float("-inf"))
-            depth = tl.minimum(tl.maximum((now[:, None] - x) * inverse[:, None] / BUCKET_NATS, 0.0), BUCKETS - 1)
-            bucket = tl.where(counted, tl.floor(depth), -1.0).to(tl.int32)
+            depth = ((now[:, None] - x) * inverse[:, None] + lead[:, None]) / BUCKET_NATS
+            bucket = tl.where(counted, tl.floor(tl.minimum(tl.maximum(depth, 0.0), BUCKETS - 1)), -1.0).to(tl.int32)
             hits = bucket[:, :, None] == buckets[None, None, :]
             counts += tl.sum(hits.to(tl.float32), axis=1)
             masses += tl.sum(tl.where(hits, w[:, :, None], 0.0), axis=1)
+            least = tl.minimum(least, tl.min(tl.where(counted, x, float("inf")), axis=1))
         top = now
-    return best, index, top, sums, counts, masses
+    deepest = tl.where(least < float("inf"), tl.exp((least - top) * inverse).to(tl.int32, bitcast=True), 0)
+    return best, index, top, sums, counts, masses, lead, deepest.to(tl.int64)
 
 
 @triton.jit
@@ -645,12 +679,13 @@ def in_order(sums, V, ROWS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexp
 
 
 @triton.jit
-def candidate_bound(counts, masses, top_k, top_p, limited, nucleus, floor):
-    """Where a sifted row's candidates start, as weight bits [R] (at least 1: never a zero weight): the edge
-    of the first histogram bucket whose cumulative count reaches top_k (top-k rows), else whose cumulative
-    mass reaches top_p of the row's with a margin (top-p rows); raised to min-p's bits `floor` unless both
-    top-k and top-p apply; 1 (every positive weight) where no bucket but the last one reaches. Also how
-    many candidates there are at least by the histogram (0 where min-p raised the bound) ->
+def candidate_bound(counts, masses, lead, deepest, top_k, top_p, limited, nucleus, floor):
+    """Where a sifted row's candidates start, as weight bits [R] (at least 1: never a zero weight): the lower
+    edge (less EDGE_SLACK) of the first histogram bucket (first_pass's, starting lead nats above the top) whose cumulative
+    count reaches top_k (top-k rows), else whose cumulative mass reaches top_p of the row's with a margin
+    (top-p rows), or the deepest weight where that lies below it; raised to min-p's bits `floor` unless
+    both top-k and top-p apply; 1 (every positive weight) where no bucket but the last one reaches. Also
+    how many candidates there are by the histogram (0 where min-p raised the bound) ->
     (bound int64 [R], float32 [R])."""
     buckets = tl.arange(0, BUCKETS)
     above = tl.cumsum(counts, axis=1)
@@ -658,11 +693,28 @@ def candidate_bound(counts, masses, top_k, top_p, limited, nucleus, floor):
     by_mass = tl.cumsum(masses, axis=1) >= (top_p * (1.0 + MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
     reaches = tl.where(limited[:, None], by_count, nucleus[:, None] & by_mass)
     depth = tl.min(tl.where(reaches, buckets[None, :], BUCKETS - 1), axis=1)
-    edge = tl.exp(-(depth + 1).to(tl.float32) * BUCKET_NATS).to(tl.int32, bitcast=True).to(tl.int64)
-    bound = tl.maximum(tl.where(depth < BUCKETS - 1, edge, 1), 1)
+    edge = bucket_edge(lead, depth + 1) - EDGE_SLACK
+    bound = tl.maximum(tl.where(depth < BUCKETS - 1, tl.maximum(edge, deepest), 1), 1)
     raised = tl.where(limited & nucleus, bound, tl.maximum(bound, floor))
     at_least = tl.sum(tl.where(buckets[None, :] == depth[:, None], above, 0.0), axis=1)
     return raised, tl.where(raised == bound, at_least, 0.0)
+
+
+@triton.jit
+def bucket_edge(lead, depth):
+    """The weight bits [R] (int64) where histogram bucket `depth` (int [R]) begins: exp(lead - depth * BUCKET_NATS)."""
+    return tl.exp(lead - depth.to(tl.float32) * BUCKET_NATS).to(tl.int32, bitcast=True).to(tl.int64)
+
+
+@triton.jit
+def sure_bound(masses, lead, top_p):
+    """Where a top-p row's surely kept weights start, as weight bits [R]: the upper edge of the first
+    histogram bucket whose cumulative mass reaches top_p of the row's less MASS_MARGIN (the nucleus
+    threshold lies at or below it), plus EDGE_SLACK, at most ONE_UP (nothing sure) -> int64 [R]."""
+    buckets = tl.arange(0, BUCKETS)
+    reaches = tl.cumsum(masses, axis=1) >= (top_p * (1.0 - MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
+    depth = tl.min(tl.where(reaches, buckets[None, :], BUCKETS - 1), axis=1)
+    return tl.minimum(bucket_edge(lead, depth) + EDGE_SLACK, ONE_UP)
 
 
 @triton.jit
@@ -676,34 +728,89 @@ def compact(
     top,
     inverse,
     bound,
+    hi,
+    split,
     c_ptr,
     HAS_MASK: tl.constexpr,
     ROWS: tl.constexpr,
+    SEARCH: tl.constexpr,
     TILE: tl.constexpr,
+    TILES: tl.constexpr,
     CANDIDATES: tl.constexpr,
 ):
-    """Pass 2 of verify_kernel, for sifted rows: the float64 sum of their exact weights (NaN left out), the
-    count of positive ones, and every column whose weight bits reach `bound` [R], written in vocabulary
-    order to the row's CANDIDATES slots of c_ptr as (bits << 32) | column -> (mass, positives, count);
-    a count above CANDIDATES: they did not all fit (the first CANDIDATES are written)."""
+    """Pass 2 of verify_kernel (and the refining passes of top-p rows), for sifted rows, SEARCH columns at a
+    time: the float64 sum of their exact weights (NaN left out), the count of positive ones, every column
+    whose weight bits lie in [bound, hi) written in vocabulary order to the row's CANDIDATES slots of c_ptr
+    as (bits << 32) | column (a count above CANDIDATES: they did not all fit; the first CANDIDATES are
+    written), the float64 sums per tile of the weights at or above hi (float64 [R, TILES]: kept whatever
+    the threshold in the region), and for `split` rows, per cut i of the region (split_edges: cut i holds
+    the bits in [edge i, edge i - 1), edge -1 = hi), the float64 mass of the candidates at or above edge i,
+    the smallest candidate's bits at or above it and the largest below edge i - 1 (int64 [R, SPLITS]; the
+    cut's range where it holds any) -> (mass, positives, count, sure, cut, least, most)."""
     mass = tl.zeros([ROWS], tl.float64)
     positives = tl.zeros([ROWS], tl.int32)
     count = tl.zeros([ROWS], tl.int32)
+    slots = tl.arange(0, TILES)
+    sure = tl.zeros([ROWS, TILES], tl.float64)
+    cut = tl.zeros([ROWS, SPLITS], tl.float64)
+    least = tl.full([ROWS, SPLITS], PAST_END, tl.int64)
+    most = tl.full([ROWS, SPLITS], -1, tl.int64)
+    lower = split_edges(bound, hi, 1)
+    upper = split_edges(bound, hi, 0)
+    any_split = tl.max((sifted & split).to(tl.int32), axis=0) > 0
     if tl.max(sifted.to(tl.int32), axis=0) > 0:
-        for start in range(0, V, TILE):
-            cols = start + tl.arange(0, TILE).to(tl.int64)
+        for start in range(0, V, SEARCH):
+            cols = start + tl.arange(0, SEARCH).to(tl.int64)
             x, inside = load_logits(x_ptr, row, cols, sifted, V, m_ptr, W, HAS_MASK)
             w = weights_of(x, top, inverse)
             keys = order_bits(w, inside)
             mass += tl.sum(tl.where(keys >= 0, w, 0.0).to(tl.float64), axis=1)
             positives += tl.sum((keys > 0).to(tl.int32), axis=1)
-            chosen = keys >= bound[:, None]
+            chosen = (keys >= bound[:, None]) & (keys < hi[:, None])
             at = count[:, None] + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
             tl.store(
                 c_ptr + row[:, None] * CANDIDATES + at, (keys << 32) | cols[None, :], mask=chosen & (at < CANDIDATES)
             )
             count += tl.sum(chosen.to(tl.int32), axis=1)
-    return mass, positives, count
+            above = tl.sum(tl.where(keys >= hi[:, None], w, 0.0).to(tl.float64), axis=1)
+            sure = tl.where(slots[None, :] == start // TILE, sure + above[:, None], sure)
+            if any_split:
+                reaches = chosen[:, :, None] & (keys[:, :, None] >= lower[:, None, :])
+                cut += tl.sum(tl.where(reaches, w.to(tl.float64)[:, :, None], 0.0), axis=1)
+                least = tl.minimum(least, tl.min(tl.where(reaches, keys[:, :, None], PAST_END), axis=1))
+                under = chosen[:, :, None] & (keys[:, :, None] < upper[:, None, :])
+                most = tl.maximum(most, tl.max(tl.where(under, keys[:, :, None], -1), axis=1))
+    return mass, positives, count, sure, cut, least, most
+
+
+@triton.jit
+def split_edges(bound, hi, OFFSET: tl.constexpr):
+    """The cuts' edges of a region of weight bits [bound, hi) (int64 [R]): hi - (hi - bound) * (i + OFFSET)
+    // SPLITS for i < SPLITS, descending: OFFSET 1, where each cut begins (the last one `bound`); OFFSET 0,
+    where each one ends (the first one hi) -> int64 [R, SPLITS]."""
+    steps = tl.arange(0, SPLITS).to(tl.int64) + OFFSET
+    return hi[:, None] - ((hi - bound)[:, None] * steps[None, :]) // SPLITS
+
+
+@triton.jit
+def refine_region(above, cut, least, most, target, bound, floor):
+    """The next region of a top-p row that compact cut but whose candidates did not decide it: the range of
+    bits [least, most + 1) that the candidates of cut i hold, i the first cut where the tail above + cut
+    (float64 [R, SPLITS], compact's; above: the mass at or above the region) reaches the target, so the
+    nucleus threshold lies in it. It is `pinned` (the threshold is its lower end, nothing is left to
+    list: the next region is [t, t), everything at or above t sure) where the cut holds one value (ties),
+    and where no cut reaches the target on a row whose bound is min-p's floor (the threshold lies below
+    it, so the floor decides). Also whether there is a next region (the threshold below the region's
+    top, and in it or under the floor) -> (bound, hi, found, pinned), int64 [R] and bool [R]."""
+    steps = tl.arange(0, SPLITS)
+    first = tl.min(tl.where(above[:, None] + cut >= target[:, None], steps[None, :], SPLITS), axis=1)
+    lower = tl.sum(tl.where(steps[None, :] == first[:, None], least, 0), axis=1)
+    upper = tl.sum(tl.where(steps[None, :] == first[:, None], most, 0), axis=1) + 1
+    floored = (first == SPLITS) & (floor >= bound)
+    found = (above < target) & ((first < SPLITS) | floored)
+    pinned = found & (floored | (upper - lower == 1))
+    lower = tl.where(floored, bound, lower)
+    return lower, tl.where(pinned, lower, upper), found, pinned
 
 
 @triton.jit
@@ -721,14 +828,18 @@ def resolve_candidates(
     limited,
     nucleus,
     bound,
+    hi,
+    above,
     CANDIDATES: tl.constexpr,
 ):
-    """SPEC §2 steps 3-5 on a sifted row's candidates (compact's), where they decide it: the kept set's
-    threshold (int64 bits [R], keeping the set kept_threshold keeps), whether the candidates decide it
-    (`resolved`: they all fit, every value the threshold depends on is among them, and so is every weight
-    that reaches it), and the candidates' kept weights (float32 [R, CANDIDATES], 0 for the others and past
-    the count) with their columns (int64 [R, CANDIDATES]). mass: the row's (compact's) ->
-    (threshold, resolved, kept, columns)."""
+    """SPEC §2 steps 3-5 on a sifted row's candidates (compact's: the weights with bits in [bound, hi); the
+    mass `above` [R] at or above hi, for top-p rows, is added to every tail), where they decide it: the
+    kept set's threshold (int64 bits [R], keeping the set kept_threshold keeps), whether the candidates
+    decide it (`resolved`: they all fit, every value the threshold depends on is among them, every weight
+    that reaches it is a candidate or at or above hi, and every weight at or above hi reaches it), the
+    candidates' kept weights (float32 [R, CANDIDATES], 0 for the others and past the count) with their
+    columns (int64 [R, CANDIDATES]), and the top-p target. mass: the row's (compact's) ->
+    (threshold, resolved, kept, columns, target)."""
     slots = tl.arange(0, CANDIDATES)
     fits = sifted & (count <= CANDIDATES)
     held = fits[:, None] & (slots[None, :] < count[:, None])
@@ -739,26 +850,29 @@ def resolve_candidates(
     # top-k: the k-th largest weight, where it is a candidate
     kth_here = limited & (count.to(tl.int64) >= top_k)
     ones = tl.where(held, 1.0, 0.0).to(tl.float64)
-    kth = search_candidates(keys, ones, tl.zeros_like(top_k), top_k.to(tl.float64), kth_here)
+    nothing = tl.zeros_like(above)
+    kth = search_candidates(keys, ones, tl.zeros_like(top_k), top_k.to(tl.float64), nothing, kth_here)
     # top-p on the top-k-renormalised row: the largest weight whose tail reaches the target
     amounts = tl.where(keys >= kth[:, None], weights, 0.0).to(tl.float64)
     mass = tl.where(kth_here, tl.sum(amounts, axis=1), mass)
     target = top_p.to(tl.float64) * mass * (1.0 - rtol)
-    nucleus_here = nucleus & (tl.sum(amounts, axis=1) >= target)
-    threshold = tl.maximum(kth, search_candidates(keys, amounts, kth, target, nucleus_here))
-    threshold = tl.maximum(threshold, floor)
+    nucleus_here = nucleus & (above + tl.sum(amounts, axis=1) >= target)
+    reached = search_candidates(keys, amounts, kth, target, above, nucleus_here)
+    threshold = tl.maximum(tl.maximum(kth, reached), floor)
     # an unknown k-th weight lies below the candidates and leaves top-p unknown; an unknown nucleus lies below them
     known = ~limited | kth_here | every | ~nucleus
-    resolved = fits & known & ((threshold >= bound) | every)
-    return threshold, resolved, tl.where(keys >= threshold[:, None], weights, 0.0), packed & 0xFFFFFFFF
+    # a tail that reaches the target at hi leaves the threshold unknown above it
+    sure = (reached < hi) & (threshold <= hi)
+    resolved = fits & known & sure & ((threshold >= bound) | every)
+    return threshold, resolved, tl.where(keys >= threshold[:, None], weights, 0.0), packed & 0xFFFFFFFF, target
 
 
 @triton.jit
-def search_candidates(keys, amounts, floor, target, active):
+def search_candidates(keys, amounts, floor, target, base, active):
     """search_threshold over candidates held in registers: keys int64 [R, C] (-1: no candidate), amounts
-    float64 [R, C] (1 each: a count) -> int64 bits [R], the largest t such that the amounts of
-    {keys >= t, keys >= floor [R]} reach the target [R]; 0 where even all of them fall short, and for rows
-    not active."""
+    float64 [R, C] (1 each: a count) -> int64 bits [R], the largest t such that base [R] (float64, the
+    amount above every candidate) plus the amounts of {keys >= t, keys >= floor [R]} reaches the target
+    [R]; 0 where even all of them fall short, and for rows not active."""
     prefix = tl.zeros_like(floor)
     digits = tl.arange(0, RADIX).to(tl.int64)
     counted = tl.where(keys >= floor[:, None], amounts, 0.0)
@@ -766,8 +880,21 @@ def search_candidates(keys, amounts, floor, target, active):
         shift = 28 - 4 * level
         candidates = prefix[:, None] + (digits[None, :] << shift)  # [R, RADIX]
         tail = tl.sum(tl.where(keys[:, :, None] >= candidates[:, None, :], counted[:, :, None], 0.0), axis=1)
+        tail = base[:, None] + tail
         prefix = prefix + (tl.max(tl.where(tail >= target[:, None], digits[None, :], 0), axis=1) << shift)
     return tl.where(active, prefix, 0)
+
+
+@triton.jit
+def candidate_tile_sums(sure, kept, columns, V, TILE: tl.constexpr, TILES: tl.constexpr):
+    """Per tile, sure [R, TILES] (float64, the kept weights at or above the candidates) plus the kept weights
+    of the candidates in it (kept float32 [R, C] at columns int64 [R, C]) -> float64 [R, TILES]."""
+    slots = tl.arange(0, TILES)
+    tile = columns // TILE
+    for start in range(0, V, TILE):
+        inside = tl.sum(tl.where(tile == start // TILE, kept, 0.0).to(tl.float64), axis=1)
+        sure = tl.where(slots[None, :] == start // TILE, sure + inside[:, None], sure)
+    return sure
 
 
 @triton.jit
@@ -912,8 +1039,11 @@ def verify_kernel(
     Reads: pass 1 (first_pass) for every row; rows without truncation take their mass from its tile sums
     (rescaled there as the maximum grows, no re-read) and walk only the tile their draw lands in (rarely
     two, within WALK_MARGIN of a tile's end); truncating rows read once more (compact) and finish on their
-    candidates; where those do not decide the kept set (too many, or a row whose largest logit is not
-    finite) the radix search of kept_threshold runs, then the tile walk.
+    candidates; a top-p row without top-k whose nucleus does not fit lists only its boundary region, with
+    the weights above it summed per tile as surely kept, and where even the region does not fit, up to
+    LEVELS - 1 more passes each list and cut only the part of the region where the threshold lies (then
+    it walks tiles); where the candidates do not decide the kept set (too many, or a row whose largest
+    logit is not finite) the radix search of kept_threshold runs, then the tile walk.
     Sampled drafts read q at the draft, and over the candidates or (rows walked by tiles) one more pass of
     logits and q for the residual's mass."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
@@ -961,22 +1091,78 @@ def verify_kernel(
     plain = sampled_rows & ~truncating
 
     # the kept set and its mass: rows without truncation by their tile sums, truncating ones on candidates
-    largest, best, top, sums, counts, masses = first_pass(
+    largest, best, top, sums, counts, masses, lead, deepest = first_pass(
         x_ptr, row, valid, V, m_ptr, W, inverse, plain, truncating, HAS_MASK, ROWS, TILE, TILES
     )
-    bound, at_least = candidate_bound(counts, masses, top_k, top_p, limited, nucleus, floor)
-    sifted = truncating & (tl.abs(largest) < float("inf")) & (at_least <= CANDIDATES)
-    row_mass, positives, count = compact(
-        x_ptr, row, sifted, V, m_ptr, W, top, inverse, bound, c_ptr, HAS_MASK, ROWS, TILE, CANDIDATES
-    )
-    tl.debug_barrier()  # the candidates written above are read back by other threads of the program
-    threshold, resolved, candidates, columns = resolve_candidates(
-        c_ptr, row, sifted, count, positives, row_mass, top_k, top_p, floor, rtol, limited, nucleus, bound, CANDIDATES
-    )
-    listed = sifted & resolved
+    bound, at_least = candidate_bound(counts, masses, lead, deepest, top_k, top_p, limited, nucleus, floor)
+    finite = tl.abs(largest) < float("inf")
+    split = nucleus & ~limited & finite  # top-p rows: what lies above their boundary region is kept for sure
+    sifted = truncating & finite & ((at_least <= CANDIDATES) | split)
+    hi = tl.where(split & (at_least > CANDIDATES), sure_bound(masses, lead, top_p), ONE_UP)
+    threshold = tl.zeros([ROWS], tl.int64)
+    candidates = tl.zeros([ROWS, CANDIDATES], tl.float32)
+    columns = tl.zeros([ROWS, CANDIDATES], tl.int64)
+    decided = row < 0
+    listed = row < 0
+    pinned = row < 0
+    for _level in range(LEVELS):
+        if tl.max(sifted.to(tl.int32), axis=0) > 0:
+            tl.debug_barrier()  # the previous level's candidates have been read
+            row_mass, positives, count, sure, cut, least, most = compact(
+                x_ptr,
+                row,
+                sifted,
+                V,
+                m_ptr,
+                W,
+                top,
+                inverse,
+                bound,
+                hi,
+                split,
+                c_ptr,
+                HAS_MASK,
+                ROWS,
+                SEARCH,
+                TILE,
+                TILES,
+                CANDIDATES,
+            )
+            tl.debug_barrier()  # the candidates written above are read back by other threads of the program
+            above = in_order(sure, V, ROWS, TILE, TILES)
+            found, resolved, kept, at, target = resolve_candidates(
+                c_ptr,
+                row,
+                sifted,
+                count,
+                positives,
+                row_mass,
+                top_k,
+                top_p,
+                floor,
+                rtol,
+                limited,
+                nucleus,
+                bound,
+                hi,
+                above,
+                CANDIDATES,
+            )
+            now = sifted & (resolved | pinned)
+            threshold = tl.where(now, tl.where(pinned, bound, found), threshold)
+            candidates = tl.where(now[:, None], kept, candidates)
+            columns = tl.where(now[:, None], at, columns)
+            listed = listed | (now & (hi == ONE_UP))  # nothing sure: the candidates are the kept set
+            if tl.max((now & (hi < ONE_UP)).to(tl.int32), axis=0) > 0:
+                sums = tl.where(
+                    (now & (hi < ONE_UP))[:, None], candidate_tile_sums(sure, kept, at, V, TILE, TILES), sums
+                )
+            decided = decided | now
+            bound, hi, narrowed, pinned = refine_region(above, cut, least, most, target, bound, floor)
+            sifted = sifted & split & ~now & narrowed
     tiled = sampled_rows & ~listed
-    searched = truncating & ~listed
-    threshold = tl.where(listed, threshold, 0)
+    searched = truncating & ~decided
+    threshold = tl.where(decided, threshold, 0)
     if tl.max(searched.to(tl.int32), axis=0) > 0:
         found_threshold = kept_threshold(
             x_ptr,

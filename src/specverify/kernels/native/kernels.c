@@ -127,6 +127,11 @@ static inline float chunk_max(const float *at) {
  * value belongs is then too often unpredictable); a sparser one skips the groups of 16 values it misses. */
 #define GATHER_DENSE 16
 
+/* Whether a value's bits b reach floor_bits and lie in `bucket` (bits 20-29): 1 or 0. */
+static inline int belongs(uint32_t b, uint32_t floor_bits, uint32_t bucket) {
+    return (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+}
+
 /* Copy the values of the row whose bits reach floor_bits and whose bits 20-29 are `bucket` to scratch, in
  * row order; dense: most groups of 16 values hold one (GATHER_DENSE). Returns how many were copied. */
 static inline int64_t gather_bucket(const float *row, int64_t n, uint32_t floor_bits, uint32_t bucket, int dense,
@@ -135,20 +140,17 @@ static inline int64_t gather_bucket(const float *row, int64_t n, uint32_t floor_
     for (; i + 16 <= n; i += 16) {
         int any = dense;
         for (int t = 0; t < 16 && !dense; t++) {
-            const uint32_t b = bits_of(row[i + t]);
-            any |= (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+            any |= belongs(bits_of(row[i + t]), floor_bits, bucket);
         }
         if (!any) continue;
         for (int t = 0; t < 16; t++) {
-            const uint32_t b = bits_of(row[i + t]);
             scratch[count] = row[i + t];
-            count += (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+            count += belongs(bits_of(row[i + t]), floor_bits, bucket);
         }
     }
     for (; i < n; i++) {
-        const uint32_t b = bits_of(row[i]);
         scratch[count] = row[i];
-        count += (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
+        count += belongs(bits_of(row[i]), floor_bits, bucket);
     }
     return count;
 }

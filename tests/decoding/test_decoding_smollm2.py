@@ -1,6 +1,6 @@
 """End to end on the embedded SmolLM2-135M-Instruct, on each engine (transformers; llama.cpp when the
 `llamacpp` extra is installed): speculative decoding gives plain decoding's tokens. On llama.cpp that rests
-on its Q4_1 logits not depending on the evaluation's width (tests/decoding/test_llamacpp.py)."""
+on its Q4_1 logits not depending on the step's width nor on the other rows (tests/decoding/test_llamacpp.py)."""
 
 from __future__ import annotations
 

@@ -87,6 +87,52 @@ def test_a_multi_token_evaluation_scores_every_position_as_one_token_evaluations
     assert torch.equal(batched.argmax(1)[clear], alone.argmax(1)[clear])
 
 
+def test_a_long_row_beside_other_rows_gets_the_logits_it_gets_alone(q4, gguf, monkeypatch):
+    """Prompts of 143, 70 and 12 tokens in one extend, then a step of ragged drafts: each row's logits are
+    those it gets alone. Evaluated in one llama_decode (the rows longer than SHARED_ROW_TOKENS not on their
+    own), llama.cpp cuts the call into equal pieces per sequence, and the long row's first pieces, under 64
+    queries, take another flash-attention kernel than the whole prompt alone: the known-wrong variant the
+    check must catch."""
+    long_prompt = loading.load_tokenizer(gguf)[0].encode_chat(EXAMPLES["code"])
+    assert 2 * llamacpp.SHARED_ROW_TOKENS < len(long_prompt) <= CONTEXT - 8
+    rows = [long_prompt, long_prompt[:70], long_prompt[:12]]
+    step = [long_prompt[-5:], [], long_prompt[12:20]]
+
+    def together(session):
+        padded = torch.full((3, len(long_prompt)), -1)
+        drafts = torch.full((3, 8), -1)
+        for b in range(3):
+            padded[b, : len(rows[b])] = torch.tensor(rows[b])
+            drafts[b, : len(step[b])] = torch.tensor(step[b], dtype=torch.int64)
+        return session.extend(padded), session.extend(drafts)
+
+    prompts, steps = together(q4.session(3))
+    for b in range(3):
+        session = q4.session(1)
+        alone = session.extend(torch.tensor([rows[b]]))[0]
+        assert (prompts[b, : len(rows[b])] - alone).abs().max() <= Q4_TOLERANCE
+        if step[b]:
+            alone_step = torch.cat([session.extend(torch.tensor([[t]]))[0] for t in step[b]])  # one at a time
+            assert (steps[b, : len(step[b])] - alone_step).abs().max() <= Q4_TOLERANCE
+    monkeypatch.setattr(llamacpp, "SHARED_ROW_TOKENS", llamacpp.MAX_BATCH)
+    prompts_in_one_call, _ = together(q4.session(3))
+    assert (prompts_in_one_call[0] - prompts[0]).abs().max() > 100 * Q4_TOLERANCE
+
+
+def test_rows_longer_than_shared_row_tokens_get_calls_of_their_own(monkeypatch):
+    monkeypatch.setattr(llamacpp, "SHARED_ROW_TOKENS", 3)
+    monkeypatch.setattr(llamacpp, "MAX_BATCH", 4)
+    rows = [[10, 11, 12, 13, 14], [], [20, 21], [30, 31, 32]]
+    calls = llamacpp._decodes(rows, [7, 0, 2, 1])
+    assert calls == [
+        ([20, 21, 30, 31], [2, 3, 1, 2], [2, 2, 3, 3], [5, 6, 7, 8]),
+        ([32], [3], [3], [9]),
+        ([10, 11, 12, 13], [7, 8, 9, 10], [0, 0, 0, 0], [0, 1, 2, 3]),
+        ([14], [11], [0], [4]),
+    ]
+    assert llamacpp._decodes([[], []], [0, 0]) == []
+
+
 def test_truncation_then_the_same_tokens_again_is_bit_identical(q4, prompt):
     session = q4.session(1)
     session.extend(torch.tensor([prompt[:30]]), return_logits=False)

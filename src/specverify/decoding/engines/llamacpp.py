@@ -11,14 +11,32 @@ and the adaptive draft length see only `extend`/`truncate`, so they run on llama
 - Contexts are slow to create (0.04 s for one row of 4096 cells, ~0.4 s for three), so a closed session's
   context goes back to its model and the next session of the same batch size reuses it (cleared).
 - Threads: `threads` is llama.cpp's thread count for both single-token and batch evaluation.
-- Flash attention is on: it makes a token's logits independent of the evaluation's width (see below).
-- llama.cpp's extra weight buffers (the AMX and repacked CPU matmul kernels, `use_extra_bufts`) are off:
-  with them llama-cpp-python 0.3.36 segfaults in `ggml_backend_amx_mul_mat` on the first evaluation on
-  this project's CPUs (Sapphire Rapids, AMX), through the high-level `Llama` as well. Without them, and
-  with flash attention, a token's logits are the same whether it is evaluated alone or in a batch on the
-  shipped Q4_1 model (measured: bit-identical, so speculative output equals plain output); on an F16
-  copy they differ by up to ~0.1 (the batched F16 matmul sums in another order), which can flip a
-  near-tie. The verifier is exact given the logits it is handed either way.
+- A row's logits must not depend on the other rows, nor a token's on the width of the step that brings it
+  (one token, or K + 1 to verify): batched output equals each request's output alone, and speculative
+  output equals plain output, only then. Three settings make it so on the CPU (each measured on the
+  shipped Q4_1 model):
+  - Flash attention is on. Without it a token's logits depend on the evaluation's width (up to 1.5 apart).
+  - A row extended by more than SHARED_ROW_TOKENS (63) tokens (a prompt) is evaluated in `llama_decode`
+    calls of its own, the shorter rows together. For 64 or more queries of one sequence in one call,
+    llama.cpp's CPU flash attention takes a kernel tiled by 64 queries that sums in another order: a
+    103-token prompt evaluated beside shorter prompts (llama.cpp cuts a call of several sequences into
+    equal pieces per sequence, so the piece sizes depend on the other rows) was up to 2.8 apart from the
+    same prompt alone, which flipped a greedy token (on AVX2 and AVX-512 builds alike). Evaluated in its
+    own calls, a long row's pieces depend on its own length only; a step of 63 tokens or fewer per row
+    always takes the one-query kernel, whose logits do not depend on the width.
+  - llama.cpp's extra weight buffers (the AMX and repacked CPU matmul kernels, `use_extra_bufts`) are off:
+    with them llama-cpp-python 0.3.36 segfaults in `ggml_backend_amx_mul_mat` on the first evaluation on
+    Sapphire Rapids CPUs (AMX), through the high-level `Llama` as well.
+  With these, a step's logits are bit-identical whether it is evaluated alone, at another width or beside
+  other rows. What stays apart, with the verifier exact given the logits it is handed in every case:
+  - a prompt of 64 tokens or more is scored by the tiled kernel (up to 2.8 apart from feeding it one token
+    at a time), the same in plain and speculative decoding, which both evaluate the prompt in one extend.
+    Evaluating every prompt in pieces of 63 would make those equal too, at 2.5x the prefill time (1500
+    tokens: 44 s against 18 s, one thread);
+  - on an F16 copy the batched F16 matmul sums in another order (up to ~0.1 apart; a near-tie can flip);
+  - with `threads` > 1, a lone one-token evaluation whose context has passed 256 positions splits its
+    attention over the threads (llama.cpp's split-KV kernel, up to 1.5 apart from the same token in a
+    wider step), so with more than one thread speculative output can differ from plain output there.
 - Log lines of llama.cpp are silenced (it prints hundreds while loading); failures are raised instead.
 
 Tokenization is not done here: a model's token ids come from the transformers tokenizer of the same GGUF
@@ -40,8 +58,12 @@ from .base import ContextOverflow, check_truncation, real_token_rows
 #: A row's context when the caller gives none: the model's training context, at most this many tokens
 #: (its KV cells are allocated when a session starts: SmolLM2-135M, 8192 cells, ~190 MB per row).
 DEFAULT_CONTEXT = 8192
-#: Tokens per `llama_decode` call; a longer extension (a long prompt) is evaluated in chunks.
+#: Tokens per `llama_decode` call, all rows together.
 MAX_BATCH = 2048
+#: The most tokens of a row evaluated in one `llama_decode` beside other rows: one fewer than the 64 queries
+#: of one sequence from which llama.cpp's CPU flash attention switches to its tiled kernel (GGML_FA_TILE_Q
+#: in ggml-cpu/common.h of llama-cpp-python 0.3.36); a longer extension of a row gets calls of its own.
+SHARED_ROW_TOKENS = 63
 
 _backend_ready = False
 
@@ -213,37 +235,42 @@ class LlamaCppSession:
                     f"tokens would make row {row} hold {length} positions, past the model's context of "
                     f"{self._owner.max_context} (context_length)"
                 )
-        ids = [t for row in rows for t in row]  # row-major: row b's tokens in order
-        positions = [n + i for n, row in zip(before, rows) for i in range(len(row))]
-        sequences = [b for b, row in enumerate(rows) for _ in row]
-        flat = torch.empty(len(ids) if return_logits else 0, vocab, dtype=torch.float32)
-        for start in range(0, len(ids), MAX_BATCH):
-            stop = min(start + MAX_BATCH, len(ids))
-            self._decode(ids[start:stop], positions[start:stop], sequences[start:stop], flat[start:stop].numpy())
+        flat = torch.empty(sum(map(len, rows)) if return_logits else 0, vocab, dtype=torch.float32)
+        for ids, positions, sequences, slots in _decodes(rows, before):
+            logits = self._decode(ids, positions, sequences, return_logits)
+            if logits is None:
+                continue
+            if slots[-1] - slots[0] == len(slots) - 1:  # consecutive rows of flat (every one-token step)
+                flat[slots[0] : slots[-1] + 1].numpy()[:] = logits
+            else:
+                flat[slots] = torch.from_numpy(logits)
         self.lengths = torch.tensor(after, dtype=torch.int64)
         if not return_logits:
             return None
-        if len(ids) == tokens.numel():
+        if len(flat) == tokens.numel():
             return flat.view(*tokens.shape, vocab)
         logits = torch.zeros(*tokens.shape, vocab, dtype=torch.float32)
         logits[tokens != PAD] = flat
         return logits
 
-    def _decode(self, ids: list[int], positions: list[int], sequences: list[int], out: np.ndarray) -> None:
-        """One llama_decode of n <= MAX_BATCH tokens; their logits are copied into out, float32 [n, V], or
-        not computed when out has no rows."""
+    def _decode(
+        self, ids: list[int], positions: list[int], sequences: list[int], return_logits: bool
+    ) -> np.ndarray | None:
+        """One llama_decode of n <= MAX_BATCH tokens -> a view of their logits float32 [n, V] (valid until
+        the next decode), or None when they are not asked for (then not computed)."""
         n = len(ids)
         self._batch.n_tokens = n
         self._ids[:n] = ids
         self._positions[:n] = positions
-        self._flags[:n] = len(out) > 0
+        self._flags[:n] = return_logits
         for i, sequence in enumerate(sequences):
             self._batch.seq_id[i][0] = sequence
         status = llama_cpp.llama_decode(self._context, self._batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} (1: no KV slot, the context is full)")
-        if len(out):
-            out[:] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._context), shape=out.shape)
+        if not return_logits:
+            return None
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._context), shape=(n, self._owner.vocab_size))
 
     def truncate(self, lengths: torch.Tensor) -> None:
         lengths = check_truncation(torch.as_tensor(lengths).to("cpu"), self.lengths)
@@ -262,6 +289,30 @@ class LlamaCppSession:
     def __del__(self) -> None:
         if getattr(self, "_context", None) is not None:
             self.close()
+
+
+def _decodes(rows: list[list[int]], before: list[int]) -> list[tuple[list[int], list[int], list[int], list[int]]]:
+    """The `llama_decode` calls that evaluate rows (row b's tokens at positions before[b]...): per call the
+    token ids, positions, sequence ids and each token's index in the row-major concatenation of rows.
+
+    The rows of at most SHARED_ROW_TOKENS tokens go together (one call for every decoding step), then each
+    longer row alone (module docstring); either is cut into calls of at most MAX_BATCH tokens.
+    """
+    starts = [0]
+    for row in rows[:-1]:
+        starts.append(starts[-1] + len(row))
+    shared = [b for b, row in enumerate(rows) if len(row) <= SHARED_ROW_TOKENS]
+    alone = [[b] for b, row in enumerate(rows) if len(row) > SHARED_ROW_TOKENS]
+    calls = []
+    for group in [shared, *alone]:
+        ids = [t for b in group for t in rows[b]]
+        positions = [before[b] + i for b in group for i in range(len(rows[b]))]
+        sequences = [b for b in group for _ in rows[b]]
+        slots = [starts[b] + i for b in group for i in range(len(rows[b]))]
+        for cut in range(0, len(ids), MAX_BATCH):
+            part = slice(cut, cut + MAX_BATCH)
+            calls.append((ids[part], positions[part], sequences[part], slots[part]))
+    return calls
 
 
 def convert_to_f16(source: Path, target: Path, *, threads: int = 1) -> None:

@@ -116,6 +116,42 @@ def test_draws_match_the_dense_kernels_bit_for_bit(case, use_min_p):
         assert torch.equal(recovered, expected_recovery)
 
 
+def _first_argmax(row: list[float]) -> int:
+    """SPEC §3.3's argmax from first principles: the lowest index of the largest value, NaN never winning;
+    0 when no value beats -inf."""
+    best, index = float("-inf"), 0
+    for i, value in enumerate(row):
+        if value > best:
+            best, index = value, i
+    return index
+
+
+@pytest.mark.parametrize("vocab", [1, 63, 64, 1000, 4097])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_the_first_largest_and_never_nan(vocab, dtype):
+    """argmax_rows (the greedy rows' scan: one streaming max, then the first chunk holding it) on rows whose
+    largest value sits anywhere (first, last, in the tail after the last whole chunk), ties, NaN beside and
+    above the largest, -0.0 tied with +0.0, rows of -inf and NaN only."""
+    g = torch.Generator().manual_seed(vocab)
+    rows = torch.randint(-3, 3, (12, vocab), generator=g).float()  # many ties
+    rows[1] = torch.randn(vocab, generator=g)
+    rows[2, -1] = 10.0  # the largest last
+    rows[3, 0] = 10.0  # ... first
+    rows[4] = float("nan")
+    rows[4, vocab // 2] = -1.0  # NaN everywhere else
+    rows[5] = float("-inf")
+    rows[6] = float("nan")  # nothing beats -inf: 0
+    rows[7, ::7] = float("nan")
+    rows[8] = -0.0
+    rows[8, vocab // 3] = 0.0  # -0.0 == 0.0: the first of them
+    rows[9, vocab // 2 :] = 5.0  # the largest tied across the second half
+    rows[10, -(vocab % 64 or 64) :] = 7.0  # ... in the tail
+    rows[11, : vocab // 2] = float("nan")
+    rows = rows.to(dtype)
+    expected = [_first_argmax(row) for row in rows.float().tolist()]
+    assert native.argmax_rows(rows).tolist() == expected
+
+
 def _shared_seed(kind: str, requests: int, g: torch.Generator):
     """A seed of the given kind (SPEC §4): an int or 0-d / [1] tensor shared by the batch, or one per request."""
     value = int(torch.randint(-(2**63), 2**63 - 1, (), generator=g))

@@ -39,6 +39,10 @@
 #else
 #define CLONES
 #endif
+/* A helper of the clones' float loops, inlined into each clone so that it is built for the clone's
+ * instruction set: one that is not inlined is built for plain x86-64 (no FMA, four-float vectors), and its
+ * weights differ in the last bit. */
+#define IN_CLONE static inline __attribute__((always_inline))
 
 static inline uint32_t bits_of(float value) {
     uint32_t bits;
@@ -76,9 +80,21 @@ static inline const float *float_row(const void *matrix, int dtype, int64_t r, i
     return buffer;
 }
 
+/* The larger of a value and a running maximum: `value` only where it is greater, so that a NaN value never
+ * wins (a comparison with NaN is false) and a maximum started at -inf is never NaN. */
+static inline float larger(float value, float best) {
+    return value > best ? value : best;
+}
+
+/* Running maxima of a streaming max scan, as a plain float array: the compiler keeps them in the widest
+ * vectors of the instruction set it builds for (four AVX-512 registers, eight AVX2 or sixteen SSE ones),
+ * so that the scan runs at the vector units' throughput on every clone. */
+#define STREAM_LANES 64
+
 /* Four float lanes as one vector (GCC/Clang vector extensions: one SSE or NEON register; wider vectors
- * are lowered badly where the target lacks them, so loops keep several of them in flight), for the loops
- * the compiler does not vectorise by itself: NaN-skipping max and argmax. */
+ * are lowered badly where the target lacks them, so loops keep several of them in flight), for the max
+ * of each chunk of a row, where the lanes must be reduced chunk by chunk (a plain array reduced that
+ * often is not vectorised well). */
 #define LANES 4
 typedef float floats4 __attribute__((vector_size(4 * LANES)));
 typedef int32_t ints4 __attribute__((vector_size(4 * LANES)));
@@ -99,20 +115,13 @@ static inline floats4 max4(floats4 a, floats4 b) {
     return select4(a > b, a, b);
 }
 
-/* The largest lane (NaN never wins; -inf when all lanes are NaN or -inf). */
-static inline float lanes_max(floats4 v) {
-    float best = -INFINITY;
-    for (int lane = 0; lane < LANES; lane++) best = v[lane] > best ? v[lane] : best;
-    return best;
-}
-
-/* Values per chunk of the max scans (a multiple of 8 * LANES). */
+/* Values per chunk of the chunk maxima (a multiple of 8 * LANES and of STREAM_LANES). */
 #define CHUNK 64
 
 /* The largest of the CHUNK values from `at`, NaN skipped (-inf when there is none). Eight vectors in
  * flight, each starting at -inf, so that the loop runs at the vector units' throughput, not at the
  * latency of one compare-and-select chain. */
-static inline float chunk_max(const float *at) {
+IN_CLONE float chunk_max(const float *at) {
     floats4 lanes[8];
     for (int v = 0; v < 8; v++) lanes[v] = (floats4){0} - INFINITY;
     for (int i = 0; i < CHUNK; i += 8 * LANES)
@@ -230,7 +239,7 @@ static inline void offer(float value, int64_t k, float *heap) {
 
 /* The largest value of each chunk of CHUNK values of the row (the last one may be partial), NaN skipped,
  * written to chunk_top[ceil(n / CHUNK)]. */
-static inline void chunk_maxima(const float *row, int64_t n, float *chunk_top) {
+IN_CLONE void chunk_maxima(const float *row, int64_t n, float *chunk_top) {
     int64_t i = 0, chunk = 0;
     for (; i + CHUNK <= n; i += CHUNK) chunk_top[chunk++] = chunk_max(row + i);
     float top = -INFINITY;
@@ -304,7 +313,7 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
  * (Cephes' expf) and 2^n written into the exponent bits, in two steps below 2^-126 so that subnormal
  * results come out as torch's exp gives them. From -104 down (and NaN) the result is 0; y above 88 is
  * clamped there. */
-static inline float exp_nonpositive(float y) {
+IN_CLONE float exp_nonpositive(float y) {
     y = y > -104.0f ? y : -104.0f;
     y = y < 88.0f ? y : 88.0f;
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
@@ -324,44 +333,38 @@ static inline float exp_nonpositive(float y) {
     return p * float_of(biased << 23) * (subnormal ? 5.42101086e-20f : 1.0f);
 }
 
-/* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
-static inline float row_max(const float *row, int64_t n) {
-    float best = -INFINITY;
+/* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none.
+ * One streaming pass with STREAM_LANES running maxima. */
+IN_CLONE float row_max(const float *row, int64_t n) {
+    float lanes[STREAM_LANES];
+    for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = -INFINITY;
     int64_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK) {
-        const float top = chunk_max(row + i);
-        best = top > best ? top : best;
-    }
-    for (; i < n; i++) best = row[i] > best ? row[i] : best;
+    for (; i + STREAM_LANES <= n; i += STREAM_LANES)
+        for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
+    float best = -INFINITY;
+    for (int lane = 0; lane < STREAM_LANES; lane++) best = larger(lanes[lane], best);
+    for (; i < n; i++) best = larger(row[i], best);
     return best;
 }
 
 /* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf.
- * One pass of chunk maxima remembers the first chunk holding the largest; that chunk alone is then
- * searched for its first occurrence. */
-static inline int64_t row_argmax(const float *row, int64_t n) {
-    float best = -INFINITY;
-    int64_t from = -1, i = 0, index = -1;
+ * The largest (row_max), then the first chunk that holds it searched for its first occurrence. */
+IN_CLONE int64_t row_argmax(const float *row, int64_t n) {
+    const float best = row_max(row, n);
+    if (!(best > -INFINITY)) return 0;
+    int64_t i = 0;
     for (; i + CHUNK <= n; i += CHUNK) {
-        const float top = chunk_max(row + i);
-        if (top > best) {
-            best = top;
-            from = i;
-        }
+        int holds = 0;
+        for (int t = 0; t < CHUNK; t++) holds |= row[i + t] == best;
+        if (holds) break;
     }
-    for (; i < n; i++)
-        if (row[i] > best) {
-            best = row[i];
-            index = i;
-        }
-    if (index < 0 && from >= 0)
-        for (index = from; !(row[index] == best); index++) continue;
-    return index < 0 ? 0 : index;
+    while (!(row[i] == best)) i++;
+    return i;
 }
 
 /* Zero the weights below the threshold (and NaN) and write the sum of each block of `block` kept
  * weights: sixteen float lanes per block (vectorised), added in double. */
-static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t block, double *sums) {
+IN_CLONE void keep_at_least(float *row, int64_t n, float threshold, int64_t block, double *sums) {
     for (int64_t start = 0, b = 0; start < n; start += block, b++) {
         const int64_t end = start + block < n ? start + block : n;
         float lanes[16] = {0};
@@ -387,7 +390,7 @@ static inline void keep_at_least(float *row, int64_t n, float threshold, int64_t
  * top-k-renormalised row, min_p) (min_p: NULL for none), and the sums of each block of `block` kept weights
  * written to sums[ceil(n / block)]. x may be row itself (converted in place of the weights); scratch: room
  * for n values. */
-static inline void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
+IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
     float top = row_max(x, n);
     top = isfinite(top) ? top : 0.0f;

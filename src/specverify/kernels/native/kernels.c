@@ -237,29 +237,65 @@ static inline void offer(float value, int64_t k, float *heap) {
     }
 }
 
-/* The largest value of each chunk of CHUNK values of the row (the last one may be partial), NaN skipped,
- * written to chunk_top[ceil(n / CHUNK)]. */
-IN_CLONE void chunk_maxima(const float *row, int64_t n, float *chunk_top) {
-    int64_t i = 0, chunk = 0;
-    for (; i + CHUNK <= n; i += CHUNK) chunk_top[chunk++] = chunk_max(row + i);
-    float top = -INFINITY;
-    for (; i < n; i++) top = row[i] > top ? row[i] : top;
-    if (n % CHUNK) chunk_top[chunk] = top;
+/* Values per block of the stripes: stripe `lane` of a block holds its values lane, lane + STREAM_LANES,
+ * lane + 2 * STREAM_LANES, ... (STRIPE_BLOCK / STREAM_LANES of them), so that the maxima of a block's
+ * STREAM_LANES stripes are one streaming scan of STREAM_LANES running maxima (vectorised, as row_max). */
+#define STRIPE_BLOCK 4096
+
+/* The number of stripes of a row of n values. */
+static inline int64_t stripes_of(int64_t n) {
+    return (n + STRIPE_BLOCK - 1) / STRIPE_BLOCK * STREAM_LANES;
+}
+
+/* The first value and the end of stripe s of a row of n values: its values are first, first +
+ * STREAM_LANES, ... below end. */
+static inline int64_t stripe_start(int64_t s) {
+    return s / STREAM_LANES * STRIPE_BLOCK + s % STREAM_LANES;
+}
+
+static inline int64_t stripe_end(int64_t s, int64_t n) {
+    const int64_t end = (s / STREAM_LANES + 1) * STRIPE_BLOCK;
+    return end < n ? end : n;
+}
+
+/* The largest value of each stripe of the row (stripe_start), NaN skipped (-inf for a stripe without a
+ * value), written to stripe_top[stripes_of(n)]. */
+IN_CLONE void stripe_maxima(const float *row, int64_t n, float *stripe_top) {
+    for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
+        const int64_t end = start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n;
+        float lanes[STREAM_LANES];
+        for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = -INFINITY;
+        int64_t i = start;
+        for (; i + STREAM_LANES <= end; i += STREAM_LANES)
+            for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
+        for (int lane = 0; i + lane < end; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
+        memcpy(stripe_top + start / STRIPE_BLOCK * STREAM_LANES, lanes, sizeof lanes);
+    }
 }
 
 /* The k largest values of the row (weights or raw logits; NaN never enters), left in heap[0..k) (a
- * min-heap: heap[0] is the k-th largest). The slots start at `floor`, -inf or a value that at least k of
- * the row's values reach (the k largest are then exactly the values above it and copies of it). Chunks
- * of CHUNK values none of which beats the k-th so far (most of them, once the heap has filled) are
- * skipped after one vectorised max, or by their maxima chunk_top (chunk_maxima) where given. */
-static inline void largest_k(const float *row, int64_t n, int64_t k, float floor, const float *chunk_top, float *heap) {
-    for (int64_t i = 0; i < k; i++) heap[i] = floor;
-    int64_t i = 0, chunk = 0;
-    for (; i + CHUNK <= n; i += CHUNK, chunk++) {
-        if (!((chunk_top ? chunk_top[chunk] : chunk_max(row + i)) > heap[0])) continue;
+ * min-heap: heap[0] is the k-th largest). Chunks of CHUNK values none of which beats the k-th so far
+ * (most of them, once the heap has filled) are skipped after one vectorised max. */
+static inline void largest_k(const float *row, int64_t n, int64_t k, float *heap) {
+    for (int64_t i = 0; i < k; i++) heap[i] = -INFINITY;
+    int64_t i = 0;
+    for (; i + CHUNK <= n; i += CHUNK) {
+        if (!(chunk_max(row + i) > heap[0])) continue;
         for (int64_t j = i; j < i + CHUNK; j++) offer(row[j], k, heap);
     }
     for (; i < n; i++) offer(row[i], k, heap);
+}
+
+/* largest_k over the stripes of the row (stripe_maxima), with the slots starting at `floor`, a value that
+ * at least k of the row's values reach (so the k largest are the values above it and copies of it): only
+ * the stripes whose maximum beats the k-th so far are visited (a few, in cache). */
+static inline void largest_k_in_stripes(const float *row, int64_t n, int64_t k, float floor, const float *stripe_top,
+                                        float *heap) {
+    for (int64_t i = 0; i < k; i++) heap[i] = floor;
+    for (int64_t s = 0; s < stripes_of(n); s++) {
+        if (!(stripe_top[s] > heap[0])) continue;
+        for (int64_t i = stripe_start(s), end = stripe_end(s, n); i < end; i += STREAM_LANES) offer(row[i], k, heap);
+    }
 }
 
 static int descending(const void *a, const void *b) {
@@ -292,7 +328,7 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
     if (limited && k <= HEAP_LIMIT) {
-        largest_k(row, n, k, -INFINITY, NULL, scratch);
+        largest_k(row, n, k, scratch);
         const float kth = scratch[0];
         if (top_p >= 1.0f) return kth;
         int64_t at_least = 0; /* more than k when values tie with the k-th beyond the heap */
@@ -696,16 +732,17 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
 /* One row's truncated weights as weigh_rows makes them, held sparsely where that can be done without a
  * pass of exp over the row: a greedy row is one-hot at its argmax, and a row with 0 < k <= HEAP_LIMIT
  * finds the k largest raw logits (exp is monotone, so they are the tokens of the k largest weights) in
- * one streaming pass of chunk maxima, the k-th largest of which is a floor for them, then a heap over
- * the few chunks above it (in cache); it weighs only the candidates within CANDIDATE_MARGIN of the k-th:
+ * one streaming pass of stripe maxima (stripe_maxima), the k-th largest of which is a floor for them, then
+ * a heap over the few stripes above it (in cache); it weighs only the candidates within CANDIDATE_MARGIN
+ * of the k-th:
  * those hold every weight >= the k-th, and the k-th, the nucleus and the kept set are computed from them
  * exactly as the dense path computes them from the whole row. Returns the number of tokens kept, their ids (ascending) in
  * ids[] and weights in kept[] (at most `capacity`: room for n in both), or -1 where the row was weighed
  * densely into row[n] (weigh_dense; x may be row). Writes the block sums to sums[ceil(n / block)], bit for
- * bit those of the dense row. scratch: room for n + ceil(n / CHUNK) values. */
+ * bit those of the dense row. scratch: room for n + stripes_of(n) values; marks: for ceil(n / 64) words. */
 CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
                           const float *min_p, double rtol, int64_t block, int64_t capacity, float *row, float *scratch,
-                          int32_t *ids, float *kept, double *sums) {
+                          uint64_t *marks, int32_t *ids, float *kept, double *sums) {
     const int64_t blocks = (n + block - 1) / block;
     if (temperature < greedy_below) {
         const int64_t best = row_argmax(x, n);
@@ -716,26 +753,29 @@ CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, f
         return 1;
     }
     if (k > 0 && k < n && k <= HEAP_LIMIT && k <= capacity) {
-        /* the k-th largest chunk maximum: a floor that at least k logits reach */
-        const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-        float *chunk_top = scratch + n;
-        chunk_maxima(x, n, chunk_top);
-        largest_k(chunk_top, chunks, k < chunks ? k : chunks, -INFINITY, NULL, scratch);
-        largest_k(x, n, k, k <= chunks ? scratch[0] : -INFINITY, chunk_top, scratch);
+        /* the k-th largest stripe maximum: a floor that at least k logits reach */
+        const int64_t stripes = stripes_of(n);
+        float *stripe_top = scratch + n;
+        stripe_maxima(x, n, stripe_top);
+        largest_k(stripe_top, stripes, k < stripes ? k : stripes, scratch);
+        largest_k_in_stripes(x, n, k, k <= stripes ? scratch[0] : -INFINITY, stripe_top, scratch);
         float top = -INFINITY;
         for (int64_t i = 0; i < k; i++) top = scratch[i] > top ? scratch[i] : top;
         const float inverse = 1.0f / temperature, kth_y = (scratch[0] - top) * inverse;
         if (isfinite(top) && kth_y >= SPARSE_LOWEST) {
+            /* the candidates, marked in a bitmap from the stripes that can hold one, then listed in order */
             const float lowest = kth_y - CANDIDATE_MARGIN;
-            int64_t count = 0;
-            for (int64_t start = 0, chunk = 0; start < n; start += CHUNK, chunk++) {
-                if (!((chunk_top[chunk] - top) * inverse >= lowest)) continue;
-                const int64_t end = start + CHUNK < n ? start + CHUNK : n;
-                for (int64_t i = start; i < end; i++) { /* (branch-free: which tokens pass is unpredictable) */
-                    ids[count] = (int32_t)i;
-                    count += (x[i] - top) * inverse >= lowest;
-                }
+            const int64_t words = (n + 63) / 64;
+            memset(marks, 0, (size_t)words * sizeof *marks);
+            for (int64_t s = 0; s < stripes; s++) {
+                if (!((stripe_top[s] - top) * inverse >= lowest)) continue;
+                for (int64_t i = stripe_start(s), end = stripe_end(s, n); i < end; i += STREAM_LANES)
+                    marks[i / 64] |= (uint64_t)((x[i] - top) * inverse >= lowest) << (i % 64);
             }
+            int64_t count = 0;
+            for (int64_t word = 0; word < words; word++)
+                for (uint64_t bits = marks[word]; bits; bits &= bits - 1)
+                    ids[count++] = (int32_t)(word * 64 + __builtin_ctzll(bits));
             for (int64_t j = 0; j < count; j++) kept[j] = x[ids[j]];
             for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);
             memcpy(scratch, kept, (size_t)count * sizeof *kept);
@@ -836,7 +876,8 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
     float *local = malloc((size_t)n * sizeof *local), *kept = malloc((size_t)n * sizeof *kept);
-    float *scratch = malloc((size_t)(n + n / CHUNK + 1) * sizeof *scratch);
+    float *scratch = malloc((size_t)(n + stripes_of(n)) * sizeof *scratch);
+    uint64_t *marks = malloc((size_t)((n + 63) / 64 + 1) * sizeof *marks);
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     double *own_sums = malloc((size_t)blocks * sizeof *own_sums);
 #pragma omp for schedule(dynamic)
@@ -848,7 +889,8 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
         double *sums = draft ? block_sums + r * blocks : own_sums;
         const float *x = float_row(logits, dtype, r, n, row); /* converted in place of the weights */
         const int64_t count = weigh_kept(x, n, temperature[b], greedy_below, top_k[b], top_p[b],
-                                         min_p ? min_p + b : NULL, rtol, block, capacity, row, scratch, ids, kept, sums);
+                                         min_p ? min_p + b : NULL, rtol, block, capacity, row, scratch, marks, ids, kept,
+                                         sums);
         const float *w = count < 0 ? row : kept;
         const int32_t *held = count < 0 ? NULL : ids;
         tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, salt));
@@ -865,6 +907,7 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
     free(local);
     free(kept);
     free(scratch);
+    free(marks);
     free(ids);
     free(own_sums);
     }

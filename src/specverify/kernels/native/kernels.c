@@ -23,7 +23,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define FIXED_ONE 1099511627776.0 /* 2^40 */
 /* Below this many values a call stays on one thread. */
 #define PARALLEL_WORK 65536
 
@@ -132,88 +131,175 @@ IN_CLONE float chunk_max(const float *at) {
     return top[0] > top[1] ? top[0] : top[1];
 }
 
-/* A bucket holding more than 1 / GATHER_DENSE of a row is gathered without a branch per value (whether a
- * value belongs is then too often unpredictable); a sparser one skips the groups of 16 values it misses. */
-#define GATHER_DENSE 16
-
-/* Whether a value's bits b reach floor_bits and lie in `bucket` (bits 20-29): 1 or 0. */
-static inline int belongs(uint32_t b, uint32_t floor_bits, uint32_t bucket) {
-    return (b >= floor_bits) & (((b >> 20) & 1023u) == bucket);
-}
-
-/* Copy the values of the row whose bits reach floor_bits and whose bits 20-29 are `bucket` to scratch, in
- * row order; dense: most groups of 16 values hold one (GATHER_DENSE). Returns how many were copied. */
-static inline int64_t gather_bucket(const float *row, int64_t n, uint32_t floor_bits, uint32_t bucket, int dense,
-                                    float *scratch) {
+/* The values of the row in [low, high) (both >= 0, so that their bits order like them: an unsigned range
+ * test on the bits) copied in row order to scratch (room for n values, then n bytes of flags); returns
+ * how many. A vectorised pass writes a flag per value; groups of 8 values without one are passed over. */
+IN_CLONE int64_t gather_between(const float *row, int64_t n, float low, float high, float *scratch) {
+    uint8_t *flags = (uint8_t *)(scratch + n);
+    const uint32_t from = bits_of(low), span = bits_of(high) - from;
+    for (int64_t i = 0; i < n; i++) flags[i] = bits_of(row[i]) - from < span;
     int64_t count = 0, i = 0;
-    for (; i + 16 <= n; i += 16) {
-        int any = dense;
-        for (int t = 0; t < 16 && !dense; t++) {
-            any |= belongs(bits_of(row[i + t]), floor_bits, bucket);
-        }
+    for (; i + 8 <= n; i += 8) {
+        uint64_t any;
+        memcpy(&any, flags + i, sizeof any);
         if (!any) continue;
-        for (int t = 0; t < 16; t++) {
+        for (int t = 0; t < 8; t++) { /* (branch-free: which values pass is unpredictable) */
             scratch[count] = row[i + t];
-            count += belongs(bits_of(row[i + t]), floor_bits, bucket);
+            count += flags[i + t];
         }
     }
     for (; i < n; i++) {
         scratch[count] = row[i];
-        count += belongs(bits_of(row[i]), floor_bits, bucket);
+        count += flags[i];
     }
     return count;
 }
 
-/* The largest value t of the row such that the weight of {v >= t, v >= floor} reaches the target, where
- * a value weighs itself (mass != 0) or 1, and the target is `target`, or `target` times the weight of
- * {v >= floor} when `fraction` != 0. Returns 0 when the whole weight is below the target.
- * Radix selection: a histogram of bits 20-29 over the row (for values <= 1, the exponent's low 7 bits
- * and 3 bits of mantissa), then the values of the chosen bucket are gathered (gather_bucket) into
- * `scratch` (room for n values) and resolved on the next 10 and 10 bits. */
-static float select_threshold(const float *row, int64_t n, int mass, float floor_value, double target, int fraction,
-                              float *scratch) {
-    const uint32_t floor_bits = bits_of(floor_value);
-    /* The first pass counts mass in fixed point (units of 2^-40, exact and fast integer adds; a weight
-     * below 2^-40 of the largest adds nothing), in two histograms to halve the chains of dependent adds. */
-    uint64_t fixed[1024], odd[1024];
-    memset(fixed, 0, sizeof fixed);
-    memset(odd, 0, sizeof odd);
-    int64_t i = 0;
-    for (; i + 1 < n; i += 2) {
-        const uint32_t a = bits_of(row[i]), b = bits_of(row[i + 1]);
-        if (a >= floor_bits) fixed[(a >> 20) & 1023u] += mass ? (uint64_t)(int64_t)(row[i] * (float)FIXED_ONE) : 1u;
-        if (b >= floor_bits) odd[(b >> 20) & 1023u] += mass ? (uint64_t)(int64_t)(row[i + 1] * (float)FIXED_ONE) : 1u;
-    }
-    if (i < n && bits_of(row[i]) >= floor_bits) fixed[(bits_of(row[i]) >> 20) & 1023u] += mass ? (uint64_t)(int64_t)(row[i] * (float)FIXED_ONE) : 1u;
-    double hist[1024], total = 0.0;
-    for (int bucket = 0; bucket < 1024; bucket++) {
-        hist[bucket] = (double)(fixed[bucket] + odd[bucket]) / (mass ? FIXED_ONE : 1.0);
-        total += hist[bucket];
-    }
-    if (fraction) target *= total;
-    double above = 0.0;
-    int chosen = 1023;
-    while (chosen >= 0 && above + hist[chosen] < target) above += hist[chosen--];
-    if (chosen < 0) return 0.0f;
-    uint32_t prefix = (uint32_t)chosen;
-    /* at most this many values lie in the bucket: its mass over its smallest value (or its count) */
-    const double in_bucket = mass ? hist[chosen] / float_of(prefix << 20) : hist[chosen];
-    int64_t count = gather_bucket(row, n, floor_bits, prefix, in_bucket * GATHER_DENSE > (double)n, scratch);
-    for (int shift = 10; shift >= 0; shift -= 10) {
+/* The largest value t among values[0..count) such that `above` plus the weight of {v >= t} reaches the
+ * target, where a value weighs itself (mass != 0) or 1; the values' bits above bit shift + 9 are all
+ * `prefix`. Radix selection on the next 10 bits from bit `shift` down (shift 20, 10 or 0; for values in
+ * [0, 1], bits 20-29 are the exponent's low 7 bits and 3 bits of mantissa), a level at a time: a histogram
+ * summed in double, the bucket where the running weight reaches the target, its values kept (in place in
+ * `values`). Where rounding leaves the target unreached at a level, the lowest bucket is kept. */
+static float refine_threshold(float *values, int64_t count, int mass, double above, double target, uint32_t prefix,
+                              int shift) {
+    double hist[1024];
+    for (; shift >= 0; shift -= 10) {
         memset(hist, 0, sizeof hist);
-        for (int64_t i = 0; i < count; i++) hist[(bits_of(scratch[i]) >> shift) & 1023u] += mass ? (double)scratch[i] : 1.0;
-        chosen = 1023;
+        for (int64_t i = 0; i < count; i++) hist[(bits_of(values[i]) >> shift) & 1023u] += mass ? (double)values[i] : 1.0;
+        int chosen = 1023;
         while (chosen > 0 && above + hist[chosen] < target) above += hist[chosen--];
-        /* chosen == 0 without reaching: rounding between levels, keep the whole bucket */
         int64_t kept = 0;
         for (int64_t i = 0; i < count; i++) { /* (branch-free, in place: kept <= i) */
-            scratch[kept] = scratch[i];
-            kept += ((bits_of(scratch[i]) >> shift) & 1023u) == (uint32_t)chosen;
+            values[kept] = values[i];
+            kept += ((bits_of(values[i]) >> shift) & 1023u) == (uint32_t)chosen;
         }
         count = kept;
         prefix = (prefix << 10) | (uint32_t)chosen;
     }
     return float_of(prefix);
+}
+
+/* The k-th largest value of a row of weights in [0, 1] (0 < k <= n; ties count each). Radix selection: a
+ * histogram of bits 20-29 (in two tables, to halve the chains of dependent adds), the values of the
+ * bucket holding the k-th gathered (gather_between) into scratch (scratch_size(n)), then
+ * refine_threshold. */
+static float kth_largest(const float *row, int64_t n, int64_t k, float *scratch) {
+    int64_t even[1024], odd[1024];
+    memset(even, 0, sizeof even);
+    memset(odd, 0, sizeof odd);
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        even[(bits_of(row[i]) >> 20) & 1023u]++;
+        odd[(bits_of(row[i + 1]) >> 20) & 1023u]++;
+    }
+    if (i < n) even[(bits_of(row[i]) >> 20) & 1023u]++;
+    int64_t above = 0;
+    uint32_t chosen = 1023;
+    while (chosen > 0 && above + even[chosen] + odd[chosen] < k) {
+        above += even[chosen] + odd[chosen];
+        chosen--;
+    }
+    const int64_t count = gather_between(row, n, float_of(chosen << 20), float_of((chosen + 1) << 20), scratch);
+    return refine_threshold(scratch, count, 0, (double)above, (double)k, chosen, 10);
+}
+
+/* The weight of the row's values >= cut, summed in double in sixteen lanes (vectorised), the lanes then
+ * added in lane order: the same bits for the same row and cut on every machine. */
+IN_CLONE double weight_at_least(const float *row, int64_t n, float cut) {
+    double lanes[16] = {0};
+    int64_t i = 0;
+    for (; i + 15 < n; i += 16)
+        for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + lane] >= cut ? row[i + lane] : 0.0f;
+    double sum = 0.0;
+    for (; i < n; i++) sum += row[i] >= cut ? row[i] : 0.0f;
+    for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+    return sum;
+}
+
+/* Cuts of one pass of the nucleus search. */
+#define CUTS 4
+/* Values per lane of estimate_at_cuts' float sums before they are added into double. */
+#define ESTIMATE_RUN 64
+
+/* Estimates of the weight of the row's values >= each of CUTS cuts, in one pass: per cut, sixteen float
+ * lanes (vectorised) of ESTIMATE_RUN values each, added into double lanes, so that each estimate is within
+ * ESTIMATE_ERROR of the weight, relative. */
+#define ESTIMATE_ERROR ((ESTIMATE_RUN + 1) * 0x1p-24)
+IN_CLONE void estimate_at_cuts(const float *row, int64_t n, const float *cut, double *weight) {
+    double wide[CUTS][16] = {{0}};
+    const float a = cut[0], b = cut[1], c = cut[2], d = cut[3];
+    int64_t i = 0;
+    while (i + 16 * ESTIMATE_RUN <= n) {
+        float first[16] = {0}, second[16] = {0}, third[16] = {0}, fourth[16] = {0};
+        for (const int64_t end = i + 16 * ESTIMATE_RUN; i < end; i += 16)
+            for (int lane = 0; lane < 16; lane++) {
+                const float v = row[i + lane];
+                first[lane] += v >= a ? v : 0.0f;
+                second[lane] += v >= b ? v : 0.0f;
+                third[lane] += v >= c ? v : 0.0f;
+                fourth[lane] += v >= d ? v : 0.0f;
+            }
+        for (int lane = 0; lane < 16; lane++) {
+            wide[0][lane] += first[lane];
+            wide[1][lane] += second[lane];
+            wide[2][lane] += third[lane];
+            wide[3][lane] += fourth[lane];
+        }
+    }
+    for (int j = 0; j < CUTS; j++) {
+        weight[j] = 0.0;
+        for (int64_t t = i; t < n; t++) weight[j] += row[t] >= cut[j] ? row[t] : 0.0f;
+        for (int lane = 0; lane < 16; lane++) weight[j] += wide[j][lane];
+    }
+}
+
+/* A nucleus bracket holding at most this many values (by its weight over its lowest value) is listed. */
+#define BRACKET_VALUES 2048
+/* Passes of the nucleus search at most; the bracket is then listed whatever it holds. */
+#define BRACKET_PASSES 24
+
+/* The nucleus threshold of a row of weights in [0, 1] (not NaN): the largest value t >= floor such that
+ * the weight of {v >= t} reaches top_p times the weight of {v >= floor} (weights summed exactly, by
+ * weight_at_least; 0 where the row weighs nothing). A search on the values' bits (which order like them)
+ * narrows a bracket [low, high) with weight(>= low) >= target > weight(>= high): each pass over the row
+ * (in cache) estimates the weight at CUTS cuts evenly spaced in the bracket's bits (estimate_at_cuts) and
+ * keeps the part between the two cuts around the target, a cut whose estimate is within its error of
+ * the target judged on its exact weight. The first pass has (1 - top_p) * total / n among its cuts: no
+ * value below it is the threshold (together such values weigh less than what the nucleus leaves out).
+ * Once the bracket holds at most about BRACKET_VALUES values, the weight above it is summed exactly and
+ * its values are listed into scratch (scratch_size(n)) and resolved by refine_threshold. */
+IN_CLONE float nucleus_threshold(const float *row, int64_t n, float floor, double top_p, float *scratch) {
+    const double total = weight_at_least(row, n, floor);
+    if (!(total > 0.0)) return 0.0f;
+    const double target = top_p * total;
+    uint32_t low = bits_of(floor), high = bits_of(1.0f) + 1u;
+    double weight_low = total, weight_high = 0.0;
+    const uint32_t lowest = bits_of((float)((1.0 - top_p) * total / (double)n));
+    for (int pass = 0; pass < BRACKET_PASSES && high - low > CUTS; pass++) {
+        if (weight_low - weight_high <= BRACKET_VALUES * (double)float_of(low)) break;
+        const uint32_t from = pass == 0 && lowest > low && lowest < high - CUTS ? lowest : low;
+        float cut[CUTS];
+        double weight[CUTS];
+        for (int j = 0; j < CUTS; j++)
+            cut[j] = float_of(from + (uint32_t)((uint64_t)(high - from) * (uint64_t)(j + (from == low)) / (CUTS + (from == low))));
+        estimate_at_cuts(row, n, cut, weight);
+        for (int j = 0; j < CUTS; j++) {
+            if (fabs(weight[j] - target) <= ESTIMATE_ERROR * (weight[j] > target ? weight[j] : target))
+                weight[j] = weight_at_least(row, n, cut[j]);
+            if (weight[j] >= target) {
+                low = bits_of(cut[j]);
+                weight_low = weight[j];
+            } else {
+                high = bits_of(cut[j]);
+                weight_high = weight[j];
+                break;
+            }
+        }
+    }
+    const int64_t count = gather_between(row, n, float_of(low), float_of(high), scratch);
+    const float threshold = refine_threshold(scratch, count, 1, weight_at_least(row, n, float_of(high)), target, 0u, 20);
+    return threshold > float_of(low) ? threshold : float_of(low); /* (rounding left the target unreached) */
 }
 
 static void sift_down(float *heap, int64_t size, int64_t at) {
@@ -245,6 +331,13 @@ static inline void offer(float value, int64_t k, float *heap) {
 /* The number of stripes of a row of n values. */
 static inline int64_t stripes_of(int64_t n) {
     return (n + STRIPE_BLOCK - 1) / STRIPE_BLOCK * STREAM_LANES;
+}
+
+/* The room a row's scratch buffer needs, in floats: n values, then the stripe maxima (stripes_of) or the
+ * flags of gather_between (n bytes). */
+static inline int64_t scratch_size(int64_t n) {
+    const int64_t stripes = stripes_of(n), flags = n / 4 + 1;
+    return n + (stripes > flags ? stripes : flags);
 }
 
 /* The first value and the end of stripe s of a row of n values: its values are first, first +
@@ -336,9 +429,9 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
         qsort(scratch, (size_t)k, sizeof *scratch, descending);
         return nucleus_of_largest(scratch, k, at_least, top_p, rtol);
     }
-    float threshold = limited ? select_threshold(row, n, 0, 0.0f, (double)k, 0, scratch) : 0.0f;
+    float threshold = limited ? kth_largest(row, n, k, scratch) : 0.0f;
     if (top_p < 1.0f) {
-        const float nucleus = select_threshold(row, n, 1, threshold, (double)top_p * (1.0 - rtol), 1, scratch);
+        const float nucleus = nucleus_threshold(row, n, threshold, (double)top_p * (1.0 - rtol), scratch);
         if (nucleus > threshold) threshold = nucleus;
     }
     return threshold;
@@ -424,8 +517,8 @@ IN_CLONE void keep_at_least(float *row, int64_t n, float threshold, int64_t bloc
 /* One row's truncated weights (SPEC §2, not greedy), dense: row[i] = exp((x[i] - max x) / T) (the largest
  * exactly 1; a non-finite max counts as 0), zero below max(k-th largest, nucleus threshold on the
  * top-k-renormalised row, min_p) (min_p: NULL for none), and the sums of each block of `block` kept weights
- * written to sums[ceil(n / block)]. x may be row itself (converted in place of the weights); scratch: room
- * for n values. */
+ * written to sums[ceil(n / block)]. x may be row itself (converted in place of the weights); scratch:
+ * scratch_size(n) floats. */
 IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
     float top = row_max(x, n);
@@ -458,7 +551,7 @@ CLONES void weigh_rows(const void *logits, int dtype, const int64_t *source, int
         for (int64_t r = weighed = 0; r < rows; r++) weighed += source[r] >= 0;
 #pragma omp parallel if (weighed > 1 && weighed * n >= PARALLEL_WORK)
     {
-    float *scratch = malloc((size_t)n * sizeof *scratch);
+    float *scratch = malloc((size_t)scratch_size(n) * sizeof *scratch);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         float *row = weights + r * n;
@@ -739,7 +832,7 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
  * exactly as the dense path computes them from the whole row. Returns the number of tokens kept, their ids (ascending) in
  * ids[] and weights in kept[] (at most `capacity`: room for n in both), or -1 where the row was weighed
  * densely into row[n] (weigh_dense; x may be row). Writes the block sums to sums[ceil(n / block)], bit for
- * bit those of the dense row. scratch: room for n + stripes_of(n) values; marks: for ceil(n / 64) words. */
+ * bit those of the dense row. scratch: scratch_size(n) floats; marks: ceil(n / 64) words. */
 CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
                           const float *min_p, double rtol, int64_t block, int64_t capacity, float *row, float *scratch,
                           uint64_t *marks, int32_t *ids, float *kept, double *sums) {
@@ -876,7 +969,7 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
     float *local = malloc((size_t)n * sizeof *local), *kept = malloc((size_t)n * sizeof *kept);
-    float *scratch = malloc((size_t)(n + stripes_of(n)) * sizeof *scratch);
+    float *scratch = malloc((size_t)scratch_size(n) * sizeof *scratch);
     uint64_t *marks = malloc((size_t)((n + 63) / 64 + 1) * sizeof *marks);
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     double *own_sums = malloc((size_t)blocks * sizeof *own_sums);

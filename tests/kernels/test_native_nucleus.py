@@ -33,7 +33,9 @@ def _rows(kind: str, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
         return -1.1 * torch.log(rank)[None].repeat(rows, 1) + torch.randn(rows, vocab, generator=g) * 0.5
     if kind == "heavy":
         x = torch.randn(rows, vocab, generator=g) * 2
-        return x.scatter_add_(1, torch.randint(0, vocab, (rows, 8), generator=g), torch.rand(rows, 8, generator=g) * 8 + 4)
+        return x.scatter_add_(
+            1, torch.randint(0, vocab, (rows, 8), generator=g), torch.rand(rows, 8, generator=g) * 8 + 4
+        )
     if kind == "flat":
         return torch.randn(rows, vocab, generator=g) * 0.1
     if kind == "ties":
@@ -46,7 +48,15 @@ def _rows(kind: str, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
 def _weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     weights = torch.empty(logits.shape)
     native.weigh_rows(
-        logits, temperature, GREEDY_TEMPERATURE, top_k, top_p, None, BOUNDARY_RTOL, block_size(logits.shape[-1]), weights
+        logits,
+        temperature,
+        GREEDY_TEMPERATURE,
+        top_k,
+        top_p,
+        None,
+        BOUNDARY_RTOL,
+        block_size(logits.shape[-1]),
+        weights,
     )
     return weights
 

@@ -256,18 +256,17 @@ IN_CLONE void estimate_at_cuts(const float *row, int64_t n, const float *cut, do
 
 /* A nucleus bracket holding at most this many values (by its weight over its lowest value) is listed. */
 #define BRACKET_VALUES 2048
-/* Passes of the nucleus search at most; the bracket is then listed whatever it holds. */
-#define BRACKET_PASSES 24
 
 /* The nucleus threshold of a row of weights in [0, 1] (not NaN): the largest value t >= floor such that
  * the weight of {v >= t} reaches top_p times the weight of {v >= floor} (weights summed exactly, by
  * weight_at_least; 0 where the row weighs nothing). A search on the values' bits (which order like them)
  * narrows a bracket [low, high) with weight(>= low) >= target > weight(>= high): each pass over the row
  * (in cache) estimates the weight at CUTS cuts evenly spaced in the bracket's bits (estimate_at_cuts) and
- * keeps the part between the two cuts around the target, a cut whose estimate is within its error of
- * the target judged on its exact weight. The first pass has (1 - top_p) * total / n among its cuts: no
- * value below it is the threshold (together such values weigh less than what the nucleus leaves out).
- * Once the bracket holds at most about BRACKET_VALUES values, the weight above it is summed exactly and
+ * keeps the part between the two cuts around the target (a fifth of its bits at most), a cut whose
+ * estimate is within ESTIMATE_ERROR of the target judged on its exact weight, so that the bracket holds
+ * the threshold whatever the rounding. The first pass starts at (1 - top_p) * total / n: no value below it
+ * is the threshold (together such values weigh less than what the nucleus leaves out). Once the bracket
+ * holds at most about BRACKET_VALUES values (or a value or two), the weight above it is summed exactly and
  * its values are listed into scratch (scratch_size(n)) and resolved by refine_threshold. */
 IN_CLONE float nucleus_threshold(const float *row, int64_t n, float floor, double top_p, float *scratch) {
     const double total = weight_at_least(row, n, floor);
@@ -276,13 +275,14 @@ IN_CLONE float nucleus_threshold(const float *row, int64_t n, float floor, doubl
     uint32_t low = bits_of(floor), high = bits_of(1.0f) + 1u;
     double weight_low = total, weight_high = 0.0;
     const uint32_t lowest = bits_of((float)((1.0 - top_p) * total / (double)n));
-    for (int pass = 0; pass < BRACKET_PASSES && high - low > CUTS; pass++) {
-        if (weight_low - weight_high <= BRACKET_VALUES * (double)float_of(low)) break;
-        const uint32_t from = pass == 0 && lowest > low && lowest < high - CUTS ? lowest : low;
+    for (int pass = 0; high - low > CUTS && weight_low - weight_high > BRACKET_VALUES * (double)float_of(low); pass++) {
+        /* the cuts: from `lowest` on in the first pass (it the first of them), else inside the bracket */
+        const int from_lowest = pass == 0 && lowest > low && lowest < high - CUTS;
+        const uint32_t from = from_lowest ? lowest : low, parts = from_lowest ? CUTS : CUTS + 1;
         float cut[CUTS];
         double weight[CUTS];
-        for (int j = 0; j < CUTS; j++)
-            cut[j] = float_of(from + (uint32_t)((uint64_t)(high - from) * (uint64_t)(j + (from == low)) / (CUTS + (from == low))));
+        for (uint32_t j = 0; j < CUTS; j++)
+            cut[j] = float_of(from + (uint32_t)((uint64_t)(high - from) * (j + !from_lowest) / parts));
         estimate_at_cuts(row, n, cut, weight);
         for (int j = 0; j < CUTS; j++) {
             if (fabs(weight[j] - target) <= ESTIMATE_ERROR * (weight[j] > target ? weight[j] : target))
@@ -297,8 +297,9 @@ IN_CLONE float nucleus_threshold(const float *row, int64_t n, float floor, doubl
             }
         }
     }
+    const double above = weight_at_least(row, n, float_of(high));
     const int64_t count = gather_between(row, n, float_of(low), float_of(high), scratch);
-    const float threshold = refine_threshold(scratch, count, 1, weight_at_least(row, n, float_of(high)), target, 0u, 20);
+    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20);
     return threshold > float_of(low) ? threshold : float_of(low); /* (rounding left the target unreached) */
 }
 

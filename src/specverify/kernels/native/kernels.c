@@ -4,10 +4,11 @@
  * A row is processed while it is in cache: its max, then w = exp((x - max) / T) (a vectorised exp), the
  * kept-set threshold, then the weights below it zeroed and block sums written. Weights are non-negative
  * float32, so their bit patterns order like their values. A small top-k is found with a heap of the k
- * largest (its nucleus from those k sorted values); otherwise thresholds come from radix selection: one
- * histogram pass over the row, one pass gathering the chosen bucket, then two passes over that bucket
- * alone. Sums run in double (or exact fixed point) in a fixed order, so results do not depend on threads
- * or batch layout. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
+ * largest (its nucleus from those k sorted values); a larger top-k by radix selection (a counting
+ * histogram over the row, then the chosen bucket's values gathered and resolved); the nucleus by a search
+ * on the weights' bits, a few vectorised passes that each narrow a bracket around it to a fifth, then the
+ * bracket's values gathered and resolved (nucleus_threshold). Sums run in double in a fixed lane order,
+ * so results do not depend on threads, batch layout or the instruction set. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
  * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may
  * be float32, bfloat16 or float16, converted exactly a row at a time.
  *

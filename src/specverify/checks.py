@@ -43,8 +43,14 @@ def check_shape(name: str, value: torch.Tensor, shape: Sequence[int], layout: st
 def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.device, anchor: str) -> None:
     """Every given tensor must live on `device` (the device of the argument `anchor`)."""
     for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor) and tensor.device != device:
-            raise ValueError(f"{name} must be on the same device as {anchor} ({device}) (got {tensor.device})")
+        if isinstance(tensor, torch.Tensor):
+            check_device(name, tensor, device, anchor)
+
+
+def check_device(name: str, tensor: torch.Tensor, device: torch.device, anchor: str) -> None:
+    """`tensor` must live on `device` (the device of the argument `anchor`)."""
+    if tensor.device != device:
+        raise ValueError(f"{name} must be on the same device as {anchor} ({device}) (got {tensor.device})")
 
 
 def check_logits_3d(target_logits: object, batch: int, count: int, positions: str = "K") -> torch.Tensor:
@@ -329,18 +335,14 @@ def check_row_param(
     dtype = torch.int64 if integer else torch.float32
     kind = "an int" if integer else "a float"
     if isinstance(value, torch.Tensor):
-        ok = (
-            not value.dtype.is_floating_point and value.dtype != torch.bool
-            if integer
-            else value.dtype.is_floating_point
-        )
-        if not ok:
-            raise TypeError(f"{name} must be {kind} tensor of shape {layout} (got dtype {value.dtype})")
+        given = value.dtype
+        if given.is_floating_point == integer or given == torch.bool:  # (bool: not floating, not an int)
+            raise TypeError(f"{name} must be {kind} tensor of shape {layout} (got dtype {given})")
         if value.dim() == 0:
             value = value.reshape(1).expand(rows)
         check_shape(name, value, (rows,), layout)
-        check_same_device({name: value}, device, "the logits")
-        return value if value.dtype == dtype else value.to(dtype)
+        check_device(name, value, device, "the logits")
+        return value if given == dtype else value.to(dtype)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise TypeError(f"{name} must be {kind} tensor of shape {layout} or a number (got {_type_name(value)})")
     return torch.full((rows,), value, dtype=dtype, device=device)
@@ -355,7 +357,7 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
     if isinstance(seed, torch.Tensor):
         if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
             raise TypeError(f"seed must be an int or an integer tensor (got dtype {seed.dtype})")
-        check_same_device({"seed": seed}, device, "the logits")
+        check_device("seed", seed, device, "the logits")
         seed = seed if seed.dtype == torch.int64 else seed.to(torch.int64)
         if seed.dim() == 0 or tuple(seed.shape) == (1,):
             return seed.view(()), True  # (one element: always a view)

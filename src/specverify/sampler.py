@@ -232,7 +232,8 @@ def stochastic_acceptance_sampler(
             checks.check_draft_probs(draft_probs_full)
         if token_bitmasks is not None:
             checks.check_some_allowed("token_bitmasks", masked)
-    if kernels.backend_for(logits).runs_whole_calls:
+    backend = kernels.backend_for(logits)  # (masked, made from logits, lives on its device)
+    if backend.runs_whole_calls:
         return whole_call_verdicts(
             draft_tokens,
             logits,
@@ -250,7 +251,7 @@ def stochastic_acceptance_sampler(
         )
     if masked is None:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
-    if in_thinking_phase is None and kernels.backend_for(masked).draws_rows:
+    if in_thinking_phase is None and backend.draws_rows:
         return drawn_verdicts(
             draft_tokens, masked, temperature, top_k, top_p, min_p, seed, shared_seed, draft_probs_full
         )

@@ -64,14 +64,18 @@ _workspace = threading.local()
 
 def scratch_weights(shape: torch.Size, device: torch.device) -> torch.Tensor:
     """A float32 buffer of `shape`, reused across calls on this thread: a fresh full-size allocation costs
-    more in page faults than the arithmetic written into it. Valid until the next call on this thread."""
+    more in page faults than the arithmetic written into it. Valid until the next call on this thread. The
+    view of the last shape asked is kept too: a call of that shape again takes no torch op."""
+    weights = getattr(_workspace, "weights", None)
+    if weights is not None and weights.shape == shape and weights.device == device:
+        return weights
     numel = shape.numel()
     buffer = getattr(_workspace, "buffer", None)
-    if buffer is None or buffer.numel() < numel or buffer.device != device:
-        with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
-            buffer = torch.empty(numel, dtype=torch.float32, device=device)
-        _workspace.buffer = buffer
-    return buffer[:numel].view(shape)
+    with torch.inference_mode(False):  # normal tensors, usable in and out of inference mode
+        if buffer is None or buffer.numel() < numel or buffer.device != device:
+            buffer = _workspace.buffer = torch.empty(numel, dtype=torch.float32, device=device)
+        weights = _workspace.weights = buffer[:numel].view(shape)
+    return weights
 
 
 def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,9 @@ from .categorical import block_size, sample_from_weights, total_weight
 from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, stream_salt
 from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, greedy_tokens, scratch_weights
 
+#: The salts of the streams a chain call draws on (target, accept, residual), made once.
+_CHAIN_SALTS = tuple(stream_salt(stream) for stream in (STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL))
+
 
 def _draft_column(draft: torch.Tensor) -> torch.Tensor:
     """The draft as gather indices, with -1 mapped to 0 (its entries are ignored). [B, K] -> [B, K, 1]."""
@@ -218,10 +221,10 @@ def drawn_verdicts(
     draft_tokens: int [B, K] as given; masked: [B, K+1, V], the grammar mask applied; seed: an int or
     int64 [] shared, or int64 [B]; draft_probs: float [B, K, V] (sampled mode) or None.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    rows = masked.reshape(-1, masked.shape[-1])
-    params = (temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(rows.shape[-1]))
+    params = (temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(masked.shape[-1]))
     if draft_probs is None:
-        return kernels.draw_verdicts(rows, draft_tokens, *params, seed, shared_seed, stream_salt(STREAM_TARGET))
-    salts = tuple(stream_salt(stream) for stream in (STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL))
-    dense = scratch_weights(rows.shape, rows.device)
-    return kernels.draw_sampled_verdicts(rows, draft_tokens, *params, seed, shared_seed, salts, draft_probs, dense)
+        return kernels.draw_verdicts(masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS[0])
+    dense = scratch_weights(masked.shape, masked.device)
+    return kernels.draw_sampled_verdicts(
+        masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS, draft_probs, dense
+    )

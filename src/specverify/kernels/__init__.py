@@ -262,7 +262,7 @@ def draw_verdicts(
     salt: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where `backend_for(logits).draws_rows`: the argmax-mode verdicts of a chain call (SPEC §3.1, §3.3) in
-    one kernel call, draw_rows' keyed draws y of logits [B * (K + 1), V] and the first rejection among the
+    one kernel call, draw_rows' keyed draws y of logits [B, K + 1, V] and the first rejection among the
     drafts as given, int [B, K] (an id outside [0, V) and everything after it is padding). seed: int64 [B]
     per request, or (shared) an int or int64 [] for the batch, request b keyed by s + b * ROW_STRIDE ->
     (first rejected index int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
@@ -288,10 +288,10 @@ def draw_sampled_verdicts(
     dense: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where `backend_for(logits).draws_rows`: the sampled-mode verdicts of a chain call (SPEC §3.2) in one
-    kernel call, draw_rows' draws of logits [B * (K + 1), V], the ratio test of the drafts as given (int
+    kernel call, draw_rows' draws of logits [B, K + 1, V], the ratio test of the drafts as given (int
     [B, K]: an id outside [0, V) and everything after it is padding) against draft_probs float [B, K, V],
     the recovery of recover_kept_rows and the first rejection. seed as in draw_verdicts; salts: the
-    streams' (target, accept, residual); dense: float32 [B * (K + 1), V] of room -> (first rejected index
+    streams' (target, accept, residual); dense: float32 [B, K + 1, V] of room -> (first rejected index
     int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     return _ops(logits).draw_sampled_verdicts(
         logits,

@@ -214,10 +214,10 @@ def _split_rows(rows: int, run) -> None:
     slices = 1  # (few rows, or OpenMP threads: torch's thread count is not asked, a cost at small batches)
     if rows >= 2 * MIN_ROWS_PER_THREAD and not load().specverify_threads_itself:
         slices = max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_THREAD))
-    bounds = [rows * s // slices for s in range(slices + 1)]
     if slices == 1:
         run(0, rows)
         return
+    bounds = [rows * s // slices for s in range(slices + 1)]
     for future in [_pool(slices).submit(run, a, b) for a, b in zip(bounds, bounds[1:])]:
         future.result()
 
@@ -416,23 +416,24 @@ def _draw(
     params: tuple,
     block: int,
     keys: tuple[int | torch.Tensor, bool, int],
+    tokens: torch.Tensor,
     proposed: torch.Tensor | None = None,
     draft: torch.Tensor | None = None,
     accept_salt: int = 0,
     dense: torch.Tensor | None = None,
 ) -> tuple:
-    """kernels.c's draw_rows over logits [R, V] (R = B * per_position). params: (temperature, greedy_below,
-    top_k, top_p, min_p, rtol), per request [B] where tensors; keys: (seeds, shared, salt) as _key_bases
-    takes them and the stream's salt; proposed: the drafts as given, int [B, per_position - 1] (argmax-mode
-    verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> (tokens int64 [R], first int64
-    [B] or None, the sampled mode's outputs or None)."""
-    rows, vocab = logits.shape
+    """kernels.c's draw_rows over logits [R, V] or [B, per_position, V] (R = B * per_position). params:
+    (temperature, greedy_below, top_k, top_p, min_p, rtol), per request [B] where tensors; keys: (seeds,
+    shared, salt) as _key_bases takes them and the stream's salt; tokens: contiguous int64 of R elements,
+    written with the draws (in the shape the caller returns); proposed: the drafts as given, int [B, per_position - 1] (argmax-mode
+    verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> (first int64 [B] or None, the
+    sampled mode's outputs or None)."""
+    rows, vocab = tokens.numel(), logits.shape[-1]
     requests, drafted = rows // per_position, per_position - 1
     logits, dtype = _readable(logits)
     params = _readable_params(params)
     seeds, shared, salt = keys
     seeds = _readable_seed(seeds)
-    tokens = torch.empty(rows, dtype=torch.int64)
     first = at_draft = accept = sums = count = ids = weights = None  # (only the tokens, unless asked for)
     if proposed is not None:
         proposed = _as(proposed, torch.int64)
@@ -470,7 +471,7 @@ def _draw(
         )
 
     _split_rows(requests, run)
-    return tokens, first, None if draft is None else (at_draft, accept, sums, (count, ids, weights, dense))
+    return first, None if draft is None else (at_draft, accept, sums, (count, ids, weights, dense))
 
 
 def draw_rows(
@@ -498,8 +499,9 @@ def draw_rows(
     seeds[b] + j and accept_salt float64 [B, per_position - 1], the block sums float64 [R, ceil(V / block)],
     the kept weights for recover_kept_rows)."""
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
-    tokens, _, sampled = _draw(
-        logits, per_position, params, block, (seeds, False, salt), None, draft, accept_salt, dense
+    tokens = torch.empty(logits.shape[0], dtype=torch.int64)
+    _, sampled = _draw(
+        logits, per_position, params, block, (seeds, False, salt), tokens, None, draft, accept_salt, dense
     )
     return tokens if sampled is None else (tokens, *sampled)
 
@@ -519,16 +521,17 @@ def draw_verdicts(
     salt: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The argmax-mode verdicts of a chain call in one kernel call (kernels.c's draw_rows with proposed):
-    the keyed target draw y of every row of logits [B * (K + 1), V] as draw_rows makes it, request b
+    the keyed target draw y of every row of logits [B, K + 1, V] as draw_rows makes it, request b
     accepting its drafts while they equal y. draft_tokens: int [B, K] as given (an id outside [0, V) and
     everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] for the
     batch -> (first rejected index int64 [B], recovered int64 [B, K] (y at every drafted position), bonus
     int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, as views of the tokens [B, K + 1]."""
     requests, drafted = draft_tokens.shape
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
-    tokens, first, _ = _draw(logits, drafted + 1, params, block, (seed, shared, salt), draft_tokens)
-    tokens = tokens.view(requests, drafted + 1)
-    return first, tokens[:, :drafted], tokens[:, drafted:]
+    tokens = torch.empty(requests, drafted + 1, dtype=torch.int64)
+    first, _ = _draw(logits, drafted + 1, params, block, (seed, shared, salt), tokens, draft_tokens)
+    recovered, bonus = tokens.tensor_split((drafted,), 1)  # (one op where two slices cost two)
+    return first, recovered, bonus
 
 
 def draw_sampled_verdicts(
@@ -548,10 +551,10 @@ def draw_sampled_verdicts(
     dense: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sampled-mode verdicts of a chain call in one kernel call (kernels.c's draw_sampled_verdicts):
-    draw_rows' draws and kept weights of logits [B * (K + 1), V], the ratio test of each draft as given
+    draw_rows' draws and kept weights of logits [B, K + 1, V], the ratio test of each draft as given
     (int [B, K]: an id outside [0, V) and everything after it is padding) against draft_probs float [B, K, V],
     and recover_kept_rows' recovery. seed as in draw_verdicts; salts: the streams' (target, accept,
-    residual); dense: float32 [B * (K + 1), V] of room, contiguous -> (first rejected index int64 [B],
+    residual); dense: float32 [B, K + 1, V] of room, contiguous -> (first rejected index int64 [B],
     recovered int64 [B, K], bonus int64 [B, 1])."""
     requests, drafted = draft_tokens.shape
     per_position, vocab = drafted + 1, logits.shape[-1]

@@ -115,7 +115,7 @@ static inline floats4 max4(floats4 a, floats4 b) {
     return select4(a > b, a, b);
 }
 
-/* Values per chunk of the chunk maxima (a multiple of 8 * LANES and of STREAM_LANES). */
+/* Values per chunk of chunk_max (a multiple of 8 * LANES). */
 #define CHUNK 64
 
 /* The largest of the CHUNK values from `at`, NaN skipped (-inf when there is none). Eight vectors in
@@ -130,6 +130,28 @@ IN_CLONE float chunk_max(const float *at) {
     floats4 top = max4(max4(lanes[0], lanes[1]), max4(lanes[2], lanes[3])); /* no lane is NaN */
     top = max4(top, (floats4){top[2], top[3], top[0], top[1]});
     return top[0] > top[1] ? top[0] : top[1];
+}
+
+/* Values per block of the stripes: stripe `lane` of a block holds its values lane, lane + STREAM_LANES,
+ * lane + 2 * STREAM_LANES, ... (STRIPE_BLOCK / STREAM_LANES of them), so that the maxima of a block's
+ * STREAM_LANES stripes are one streaming scan of STREAM_LANES running maxima (lane_maxima). */
+#define STRIPE_BLOCK 4096
+
+/* The running maxima of values [start, end) of the row: lanes[lane] is the largest of start + lane,
+ * start + lane + STREAM_LANES, ... (NaN skipped; -inf where there is none). One streaming scan. */
+IN_CLONE void lane_maxima(const float *row, int64_t start, int64_t end, float *lanes) {
+    for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = -INFINITY;
+    int64_t i = start;
+    for (; i + STREAM_LANES <= end; i += STREAM_LANES)
+        for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
+    for (int lane = 0; i + lane < end; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
+}
+
+/* The largest of STREAM_LANES running maxima. */
+static inline float lanes_max(const float *lanes) {
+    float best = -INFINITY;
+    for (int lane = 0; lane < STREAM_LANES; lane++) best = larger(lanes[lane], best);
+    return best;
 }
 
 /* The values of the row in [low, high) (both >= 0, so that their bits order like them: an unsigned range
@@ -325,11 +347,6 @@ static inline void offer(float value, int64_t k, float *heap) {
     }
 }
 
-/* Values per block of the stripes: stripe `lane` of a block holds its values lane, lane + STREAM_LANES,
- * lane + 2 * STREAM_LANES, ... (STRIPE_BLOCK / STREAM_LANES of them), so that the maxima of a block's
- * STREAM_LANES stripes are one streaming scan of STREAM_LANES running maxima (vectorised, as row_max). */
-#define STRIPE_BLOCK 4096
-
 /* The number of stripes of a row of n values. */
 static inline int64_t stripes_of(int64_t n) {
     return (n + STRIPE_BLOCK - 1) / STRIPE_BLOCK * STREAM_LANES;
@@ -356,14 +373,9 @@ static inline int64_t stripe_end(int64_t s, int64_t n) {
 /* The largest value of each stripe of the row (stripe_start), NaN skipped (-inf for a stripe without a
  * value), written to stripe_top[stripes_of(n)]. */
 IN_CLONE void stripe_maxima(const float *row, int64_t n, float *stripe_top) {
+    float lanes[STREAM_LANES]; /* (a local array: written through stripe_top, the scan would store every step) */
     for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
-        const int64_t end = start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n;
-        float lanes[STREAM_LANES];
-        for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = -INFINITY;
-        int64_t i = start;
-        for (; i + STREAM_LANES <= end; i += STREAM_LANES)
-            for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
-        for (int lane = 0; i + lane < end; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
+        lane_maxima(row, start, start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n, lanes);
         memcpy(stripe_top + start / STRIPE_BLOCK * STREAM_LANES, lanes, sizeof lanes);
     }
 }
@@ -464,33 +476,30 @@ IN_CLONE float exp_nonpositive(float y) {
     return p * float_of(biased << 23) * (subnormal ? 5.42101086e-20f : 1.0f);
 }
 
-/* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none.
- * One streaming pass with STREAM_LANES running maxima. */
+/* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
 IN_CLONE float row_max(const float *row, int64_t n) {
     float lanes[STREAM_LANES];
-    for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = -INFINITY;
-    int64_t i = 0;
-    for (; i + STREAM_LANES <= n; i += STREAM_LANES)
-        for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = larger(row[i + lane], lanes[lane]);
-    float best = -INFINITY;
-    for (int lane = 0; lane < STREAM_LANES; lane++) best = larger(lanes[lane], best);
-    for (; i < n; i++) best = larger(row[i], best);
-    return best;
+    lane_maxima(row, 0, n, lanes);
+    return lanes_max(lanes);
 }
 
 /* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf.
- * The largest (row_max), then the first chunk that holds it searched for its first occurrence. */
+ * One streaming scan remembers the first block of STRIPE_BLOCK values that holds the largest; that block
+ * alone (in cache) is then searched for its first occurrence. */
 IN_CLONE int64_t row_argmax(const float *row, int64_t n) {
-    const float best = row_max(row, n);
-    if (!(best > -INFINITY)) return 0;
-    int64_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK) {
-        int holds = 0;
-        for (int t = 0; t < CHUNK; t++) holds |= row[i + t] == best;
-        if (holds) break;
+    float best = -INFINITY, lanes[STREAM_LANES];
+    int64_t from = 0;
+    for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
+        lane_maxima(row, start, start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n, lanes);
+        const float top = lanes_max(lanes);
+        if (top > best) {
+            best = top;
+            from = start;
+        }
     }
-    while (!(row[i] == best)) i++;
-    return i;
+    if (!(best > -INFINITY)) return 0;
+    while (!(row[from] == best)) from++;
+    return from;
 }
 
 /* Zero the weights below the threshold (and NaN) and write the sum of each block of `block` kept

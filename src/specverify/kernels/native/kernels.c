@@ -910,6 +910,37 @@ CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, f
     return -1;
 }
 
+/* The draw of an untruncated row (temperature only: no top-k, top-p or min-p; not greedy) without writing
+ * its weights out: the block sums of w = exp((x - max) / T), as weigh_dense and keep_at_least make them,
+ * in one pass over the logits, then the weights of the one block the draw lands in, written to row (x may
+ * be row); returns the token draw gives on the whole row. sums: ceil(n / block) doubles. */
+IN_CLONE int64_t draw_untruncated(const float *x, int64_t n, float temperature, int64_t block, double uniform,
+                                  float *row, double *sums) {
+    float top = row_max(x, n);
+    top = isfinite(top) ? top : 0.0f;
+    const float inverse = 1.0f / temperature;
+    const int64_t blocks = (n + block - 1) / block;
+    double total = 0.0;
+    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+        const int64_t end = start + block < n ? start + block : n;
+        float lanes[16] = {0};
+        int64_t i = start;
+        for (; i + 15 < end; i += 16)
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive((x[i + lane] - top) * inverse);
+        double sum = 0.0;
+        for (; i < end; i++) sum += exp_nonpositive((x[i] - top) * inverse);
+        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+        sums[b] = sum;
+        total += sum;
+    }
+    double before;
+    const int64_t chosen = choose_block(sums, blocks, uniform * total, &before);
+    if (chosen >= 0)
+        for (int64_t i = chosen * block, end = i + block < n ? i + block : n; i < end; i++)
+            row[i] = exp_nonpositive((x[i] - top) * inverse);
+    return draw(row, NULL, 0, NULL, 1.0f, -1, n, block, sums, uniform);
+}
+
 /* SplitMix64's finaliser (rng.mix64). */
 static inline uint64_t mix64(uint64_t x) {
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -992,6 +1023,11 @@ CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t p
         float *row = recovers ? dense + r * n : local;
         double *sums = draft ? block_sums + r * blocks : own_sums;
         const float *x = float_row(logits, dtype, r, n, row); /* converted in place of the weights */
+        const int untruncated = (top_k[b] <= 0 || top_k[b] >= n) && top_p[b] >= 1.0f && (!min_p || min_p[b] <= 0.0f);
+        if (!recovers && untruncated && !(temperature[b] < greedy_below)) {
+            tokens[r] = draw_untruncated(x, n, temperature[b], block, keyed_uniform(key, salt), row, sums);
+            continue;
+        }
         const int64_t count = weigh_kept(x, n, temperature[b], greedy_below, top_k[b], top_p[b],
                                          min_p ? min_p + b : NULL, rtol, block, capacity, row, scratch, marks, ids, kept,
                                          sums);

@@ -240,7 +240,7 @@ IN_CLONE double weight_at_least(const float *row, int64_t n, float cut) {
     return sum;
 }
 
-/* Cuts of one pass of the nucleus search. */
+/* Cuts of one pass of the nucleus search (estimate_at_cuts spells out one lane array for each of them). */
 #define CUTS 4
 /* Values per lane of estimate_at_cuts' float sums before they are added into double. */
 #define ESTIMATE_RUN 64

@@ -8,9 +8,10 @@
  * histogram over the row, then the chosen bucket's values gathered and resolved); the nucleus by a search
  * on the weights' bits, a few vectorised passes that each narrow a bracket around it to a fifth, then the
  * bracket's values gathered and resolved (nucleus_threshold). Sums run in double in a fixed lane order,
- * so results do not depend on threads, batch layout or the instruction set. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
- * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may
- * be float32, bfloat16 or float16, converted exactly a row at a time.
+ * so results do not depend on threads, batch layout or the instruction set. Rows are independent: built
+ * with OpenMP, a call spreads them over the calling thread's team; built without, the caller splits a
+ * batch between threads (ctypes releases the GIL). Inputs may be float32, bfloat16 or float16, converted
+ * exactly a row at a time.
  *
  * The verifier's chain calls go through draw_rows instead, which never writes the weights out: each row
  * is weighed (weigh_kept: a greedy row's argmax alone; a top-k row from its k largest raw logits, only the
@@ -838,12 +839,12 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
  * finds the k largest raw logits (exp is monotone, so they are the tokens of the k largest weights) in
  * one streaming pass of stripe maxima (stripe_maxima), the k-th largest of which is a floor for them, then
  * a heap over the few stripes above it (in cache); it weighs only the candidates within CANDIDATE_MARGIN
- * of the k-th:
- * those hold every weight >= the k-th, and the k-th, the nucleus and the kept set are computed from them
- * exactly as the dense path computes them from the whole row. Returns the number of tokens kept, their ids (ascending) in
- * ids[] and weights in kept[] (at most `capacity`: room for n in both), or -1 where the row was weighed
- * densely into row[n] (weigh_dense; x may be row). Writes the block sums to sums[ceil(n / block)], bit for
- * bit those of the dense row. scratch: scratch_size(n) floats; marks: ceil(n / 64) words. */
+ * of the k-th: those hold every weight >= the k-th, and the k-th, the nucleus and the kept set are
+ * computed from them exactly as the dense path computes them from the whole row. Returns the number of
+ * tokens kept, their ids (ascending) in ids[] and weights in kept[] (at most `capacity`: room for n in
+ * both), or -1 where the row was weighed densely into row[n] (weigh_dense; x may be row). Writes the block
+ * sums to sums[ceil(n / block)], bit for bit those of the dense row. scratch: scratch_size(n) floats;
+ * marks: ceil(n / 64) words. */
 CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
                           const float *min_p, double rtol, int64_t block, int64_t capacity, float *row, float *scratch,
                           uint64_t *marks, int32_t *ids, float *kept, double *sums) {

@@ -21,7 +21,7 @@ logit margin there (plain's token minus the other's, in plain decoding's own one
 
 transformers' and llama.cpp's prompt lookup draw with a running generator: under sampling their output
 depends on K and on the drafts, and they decode one request at a time; specverify keys every draw by
-(request seed + position), so its output is the same for any K, drafter or batch.
+(`request_seed(seed, position)`), so its output is the same for any K, drafter or batch.
 
 Prints a table and, on the last line, all results as one JSON object.
 """

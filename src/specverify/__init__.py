@@ -8,7 +8,7 @@ from .family import (
     greedy_acceptance_sampler,
     synthetic_acceptance_sampler,
 )
-from .rng import keyed_uniform
+from .rng import keyed_uniform, request_seed
 from .sampler import stochastic_acceptance_sampler
 from .tree import tree_acceptance_sampler
 from .truncation import sample, truncated_probs
@@ -21,6 +21,7 @@ __all__ = [
     "greedy_acceptance_sampler",
     "keyed_uniform",
     "pack_bitmask",
+    "request_seed",
     "sample",
     "stochastic_acceptance_sampler",
     "synthetic_acceptance_sampler",

@@ -12,7 +12,8 @@ from typing import Literal
 #: Padding of a draft, a committed row or a tree (SPEC §1, §8): not a token.
 PAD = -1
 
-#: Row spreading constant for a seed shared by the batch (SPEC §4): row b uses s + b * ROW_STRIDE (mod 2**64).
+#: The stride between requests' keys (SPEC §4), 2**64 over the golden ratio: row b of a seed shared by the batch
+#: uses s + b * ROW_STRIDE, and request_seed(base, n) = base * ROW_STRIDE + n (mod 2**64).
 ROW_STRIDE = 0x9E3779B97F4A7C15
 #: Seeds and keys are uint64 (SPEC §4): arithmetic on them is taken modulo 2**64 by this mask.
 MASK64 = (1 << 64) - 1

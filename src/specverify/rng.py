@@ -20,6 +20,16 @@ STREAM_RESIDUAL = 2
 #: First stream of the accept coins of later siblings in a sampled tree walk (SPEC §8): the child of
 #: rank r >= 1 uses stream STREAM_SIBLING + r - 1 (rank 0 uses STREAM_ACCEPT, as a chain does).
 STREAM_SIBLING = 3
+#: First stream of a drafter's own draws (SPEC §4): a sampled draft for the token at key k is drawn on
+#: (k, STREAM_DRAFT + d), d the draw's index among its siblings (0 for a chain), far from every stream the
+#: verifier uses.
+STREAM_DRAFT = 1 << 32
+
+#: A request keys at most this many tokens apart from its base (SPEC §4): request_seed(s, n) needs n below it.
+KEYED_TOKENS = 1 << 40
+#: Base seeds closer than this (modulo 2**64) never share a key over KEYED_TOKENS tokens (SPEC §4): the
+#: smallest d > 0 with d * ROW_STRIDE within KEYED_TOKENS of a multiple of 2**64 is F_35 = 9,227,465.
+SEPARATED_SEEDS = 9_227_465
 
 #: Up to this many keys on the CPU, keyed_uniform_read mixes them as Python ints (one read, one write):
 #: the same bits as the ~20 torch ops of keyed_uniform, which cost more at such sizes.
@@ -119,6 +129,54 @@ def row_uniforms_read(seeds: list[int], num_positions: int, stream: int) -> list
     of key s_b + j at index b * num_positions + j."""
     salt = stream_salt(stream)
     return [_uniform_of(seed + position, salt) for seed in seeds for position in range(num_positions)]
+
+
+def request_seed(
+    base_seed: int | torch.Tensor, tokens_generated: int | torch.Tensor, *, validate: bool = True
+) -> int | torch.Tensor:
+    """A request's key for its n-th generated token (SPEC §4): `base_seed * ROW_STRIDE + n` (mod 2**64).
+
+    Pass it as the verifier's (or `sample`'s) per-request seed at each step: the verifier keys draft position
+    j with seed + j, which is then the request's key for token n + j, so the tokens do not depend on the
+    drafter, K or the batch, and plain and speculative decoding agree. Two base seeds closer than
+    SEPARATED_SEEDS (consecutive seeds, vLLM's n > 1 children seed + i) never share a key over KEYED_TOKENS
+    tokens, so their draws are independent.
+
+    base_seed: an int in [-2**63, 2**64), or an integer tensor [...] (read as uint64 bit patterns).
+    tokens_generated: n, an int in [0, 2**40), or an integer tensor broadcastable with base_seed (its
+    values are checked only with validate=True, which reads them to the host).
+    Returns the key's int64 bit pattern: an int for two ints, else an int64 tensor of the broadcast shape
+    on the tensors' device.
+    """
+    base_is_tensor = _check_key_part("base_seed", base_seed, -(1 << 63), 1 << 64, "in [-2**63, 2**64)")
+    count_is_tensor = _check_key_part("tokens_generated", tokens_generated, 0, KEYED_TOKENS, "in [0, 2**40)")
+    if not (base_is_tensor or count_is_tensor):
+        return as_int64_bits(base_seed * ROW_STRIDE + tokens_generated)
+    if base_is_tensor and count_is_tensor and base_seed.device != tokens_generated.device:
+        raise ValueError(
+            f"base_seed and tokens_generated must be on one device (got {base_seed.device} and {tokens_generated.device})"
+        )
+    if validate and count_is_tensor and tokens_generated.numel():
+        low, high = int(tokens_generated.min()), int(tokens_generated.max())
+        if low < 0 or high >= KEYED_TOKENS:
+            raise ValueError(f"tokens_generated must be in [0, 2**40) (got {low if low < 0 else high})")
+    count = tokens_generated.to(torch.int64) if count_is_tensor else tokens_generated
+    if base_is_tensor:
+        return base_seed.to(torch.int64) * as_int64_bits(ROW_STRIDE) + count  # int64 arithmetic wraps mod 2**64
+    return count + as_int64_bits(base_seed * ROW_STRIDE)
+
+
+def _check_key_part(name: str, value: object, low: int, high: int, rule: str) -> bool:
+    """request_seed's argument `name` is an int in [low, high) or an integer tensor -> whether a tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be an int or an integer tensor (got dtype {value.dtype})")
+        return True
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or an integer tensor (got {type(value).__name__})")
+    if not low <= value < high:
+        raise ValueError(f"{name} must be an int {rule} (got {value})")
+    return False
 
 
 def row_keys(seed: torch.Tensor, num_positions: int) -> torch.Tensor:

@@ -326,8 +326,9 @@ def sample(
 
     logits: float [N, V]; parameters as in `truncated_probs`; seed: int or 0-d/[1] integer tensor shared
     by the batch (row n uses s + n * 0x9E3779B97F4A7C15), or int [N] per row. Row n's draw is keyed by
-    (s_n, target stream), so `sample(logits, ..., seed=base + n)` for the n-th generated token gives
-    exactly the tokens the verifier commits in argmax mode with per-request seed base + tokens generated.
+    (s_n, target stream), so `sample(logits, ..., seed=request_seed(base, n))` for the n-th generated token
+    gives exactly the tokens the verifier commits in argmax mode with per-request seed
+    request_seed(base, tokens generated).
     Returns int64 [N]; greedy rows return the argmax.
     """
     masked, temperature, top_k, top_p, min_p, host = _prepare(

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import specverify as sv
 from specverify.audit.stats import chi_square_p_value
 from specverify.decoding import (
     Draft,
@@ -19,6 +20,7 @@ from specverify.decoding import (
 )
 from specverify.decoding.drafting.base import pad_rows
 from specverify.decoding.drafting.ngram import SuffixIndex, lookup_continuation
+from specverify.decoding.loop.state import BatchState
 from specverify.decoding.params import base_seeds, row_params
 from tests.support.models import (
     PROMPTS,
@@ -169,6 +171,24 @@ def test_markov_protocol_model_speculates_like_plain():
         assert spec(target_model, drafter, max_tokens=30, k=k).tokens == reference.tokens
 
 
+def test_sampled_drafts_are_drawn_from_q_on_the_drafters_own_stream():
+    """SPEC §4: draft j of a row is drawn from the q it returns, by inverse CDF with the uniform of the key
+    the verifier gives that position (seed + j) on stream 2**32, not any stream the verifier draws on."""
+    g = torch.Generator().manual_seed(5)
+    drafter = ModelDrafter(MarkovModel(2 * torch.randn(VOCAB, VOCAB, generator=g)))
+    rows, k = 48, 3
+    seeds = sv.request_seed(torch.arange(rows), torch.arange(rows) % 7)
+    params = row_params(SamplingParams(temperature=1.0), rows)
+    draft = drafter.propose([[int(t) % VOCAB] for t in range(rows)], k, params=params, seeds=seeds, sampled=True)
+    for j in range(k):
+        q = draft.probs[:, j].double()
+        for stream, matches in ((2**32, rows), (0, None), (1, None), (2, None)):
+            u = sv.keyed_uniform(seeds + j, stream)
+            drawn = (q.cumsum(-1) <= (u * q.sum(-1))[:, None]).sum(-1)  # the smallest i with cdf(i) > u * sum
+            agree = int((drawn == draft.tokens[:, j]).sum())
+            assert agree == rows if matches else agree < rows - 8, (j, stream, agree)
+
+
 def test_stream_events_rebuild_the_output(target):
     events = []
     result = spec(target, ModelDrafter(target), k=3, on_step=events.append)
@@ -232,8 +252,15 @@ def test_prompt_plus_max_tokens_beyond_the_context_is_refused_before_decoding(ta
 
 
 def test_int_seed_spreads_over_rows_like_the_verifier():
-    seeds = base_seeds(7, 3)
-    assert [s % 2**64 for s in seeds.tolist()] == [(7 + b * ROW_STRIDE) % 2**64 for b in range(3)]
+    """Row b's base seed is seed + b, so its keys (SPEC §4, base * ROW_STRIDE + n) are those the verifier
+    gives row b of a batch sharing the seed request_seed(seed, n)."""
+    assert base_seeds(7, 3).tolist() == [7, 8, 9]
+    state = BatchState([[1], [2], [3]], 4, (), 7, None)
+    state.generated = [[5], [5], [5]]
+    assert [s % 2**64 for s in state.seeds().tolist()] == [((7 + b) * ROW_STRIDE + 1) % 2**64 for b in range(3)]
+    assert [s % 2**64 for s in state.seeds().tolist()] == [
+        (7 * ROW_STRIDE + 1 + b * ROW_STRIDE) % 2**64 for b in range(3)
+    ]
 
 
 # --- drafters -------------------------------------------------------------------------------------

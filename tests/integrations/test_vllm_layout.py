@@ -178,7 +178,12 @@ def test_a_ragged_batch_through_the_mapping_commits_for_each_row_what_the_row_co
     assert (out != -1).sum() > batch  # some drafts were accepted
 
 
-def test_each_request_is_keyed_by_its_seed_plus_the_tokens_it_generated():
+def request_key(base: int, n: int) -> int:
+    """SPEC §4's key of a request's n-th token, as an int64: base * 0x9E3779B97F4A7C15 + n (mod 2**64)."""
+    return as_int64(base * 0x9E3779B97F4A7C15 + n)
+
+
+def test_each_request_is_keyed_by_its_seed_and_the_tokens_it_generated():
     @dataclass
     class Params:
         seed: int | None
@@ -192,11 +197,11 @@ def test_each_request_is_keyed_by_its_seed_plus_the_tokens_it_generated():
     requests = {"a": State(Params(7), [1, 2, 3]), "b": State(Params(None), []), "c": State(Params(2**64 - 1, 0.1), [4])}
     rows = RequestRows(engine_seed=0)
     seeds, min_p = rows.step(["c", "a", "b"], requests, torch.device("cpu"))
-    assert seeds.tolist() == [as_int64(2**64 - 1) + 1, 7 + 3, derived_seed("b", 0)]
+    assert seeds.tolist() == [request_key(2**64 - 1, 1), request_key(7, 3), request_key(derived_seed("b", 0), 0)]
     assert min_p.tolist() == pytest.approx([0.1, 0.0, 0.0])
     requests["a"].output_token_ids.append(9)
     seeds, min_p = rows.step(["a", "b"], requests, torch.device("cpu"))
-    assert seeds.tolist() == [11, derived_seed("b", 0)] and min_p is None  # no row uses min_p
+    assert seeds.tolist() == [request_key(7, 4), request_key(derived_seed("b", 0), 0)] and min_p is None  # no min_p
 
 
 def test_a_request_without_a_seed_gets_one_derived_once_from_its_id_and_the_engine_seed():

@@ -3,7 +3,8 @@ in order, one JSON result written (a batch vLLM refuses is recorded as {"error":
 
 JOB: {"engine": {LLM keyword arguments, "model" included}, "batches": {name: [{"prompt": str,
 "params": {SamplingParams keyword arguments}}, ...]}}. Each batch is one `LLM.generate` call.
-RESULT: {"batches": {name: [{"token_ids": [...], "text": str, "logprobs": [[[id, logprob], ...], ...] | null}]},
+RESULT: {"batches": {name: [{"token_ids": [...], "text": str, "logprobs": [[[id, logprob], ...], ...] | null,
+"sequences": [the same for each of the request's n sequences]}]},
 "hooked": whether specverify's hooks are installed in this process, "start_seconds", "generate_seconds"}.
 The engine is shut down before the script exits, so at most one engine runs per job.
 """
@@ -15,15 +16,20 @@ import sys
 import time
 
 
-def _completion(output) -> dict:
-    """One request's result: its generated ids, text, and per token the returned logprobs as [id, value]."""
-    completion = output.outputs[0]
+def _sequence(completion) -> dict:
+    """One generated sequence: its ids, text, and per token the returned logprobs as [id, value]."""
     logprobs = None
     if completion.logprobs is not None:
         logprobs = [
             [[int(token), float(entry.logprob)] for token, entry in step.items()] for step in completion.logprobs
         ]
     return {"token_ids": list(completion.token_ids), "text": completion.text, "logprobs": logprobs}
+
+
+def _completion(output) -> dict:
+    """One request's result: its first sequence, and every sequence in vLLM's order ("sequences", n of them)."""
+    sequences = [_sequence(completion) for completion in output.outputs]
+    return {**sequences[0], "sequences": sequences}
 
 
 def _params(params: dict) -> dict:

@@ -4,8 +4,9 @@ sampling gives, whatever the drafter and K.
 The toy: a bigram model over V = 16 tokens (the next token's scores depend on the last token only), a
 grammar (after token t, a token u with (t + u) % 4 == 0 is disallowed) and three requests, each with its
 own sampling parameters (top-p, greedy, top-k with top-p) and base seed. Plain decoding draws request b's n-th token
-with `specverify.sample(..., seed=base_b + n)`; speculative decoding gives the verifier K drafts per step
-("argmax" mode; request 1 gets K - 1: ragged drafts) and the per-request seed base_b + tokens generated.
+with `specverify.sample(..., seed=specverify.request_seed(base_b, n))`; speculative decoding gives the verifier
+K drafts per step ("argmax" mode; request 1 gets K - 1: ragged drafts) and the per-request seed
+`request_seed(base_b, tokens generated)`.
 A verifier keyed as SPEC §4 says gives identical sequences; this is stronger than losslessness, which
 only asks for identical distributions.
 """
@@ -39,12 +40,12 @@ def allowed_after(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def base_seeds(base_seed: int) -> torch.Tensor:
-    """int64 [R]: each request's base seed."""
-    return base_seed + 1_000_003 * torch.arange(REQUESTS, dtype=torch.int64)
+    """int64 [R]: each request's base seed (consecutive, as a user's best-of-n seeds are)."""
+    return base_seed + torch.arange(REQUESTS, dtype=torch.int64)
 
 
 def decode_plainly(length: int, base_seed: int) -> list[list[int]]:
-    """Each request's first `length` tokens by plain sampling: token n drawn with seed base_b + n."""
+    """Each request's first `length` tokens by plain sampling: token n drawn with seed request_seed(base_b, n)."""
     last = torch.tensor([PROMPT[-1]] * REQUESTS)
     generated = []
     for n in range(length):
@@ -53,7 +54,7 @@ def decode_plainly(length: int, base_seed: int) -> list[list[int]]:
             TEMPERATURE,
             TOP_K,
             TOP_P,
-            base_seeds(base_seed) + n,
+            sv.request_seed(base_seeds(base_seed), n),
             token_bitmask=sv.pack_bitmask(allowed_after(last)),
         )
         generated.append(last.tolist())
@@ -114,7 +115,7 @@ def decode_speculatively(
             proposal = DRAFTERS[drafter](b, generated[b], max(0, k - b % 2), plain[b])
             drafts[b, : len(proposal)] = torch.tensor(proposal, dtype=torch.int64)
         logits, masks = _step_inputs(generated, drafts)
-        seeds = base_seeds(base_seed) + torch.tensor([len(g) for g in generated])
+        seeds = sv.request_seed(base_seeds(base_seed), torch.tensor([len(g) for g in generated]))
         first, recovered, bonus = verify(
             drafts, logits, TEMPERATURE, TOP_K, -1, TOP_P, float(TOP_P.min()), seeds, token_bitmasks=masks
         )

@@ -3,7 +3,8 @@ the same batch with plain decoding for comparison.
 
 Each row has its own sampling parameters, seed, budget and grammar (ragged drafts).
 
-Row b is keyed by its request's own seed (SPEC §4: the verifier's per-request seed s_b + n), so a request's
+Row b is keyed by its request's own seed (SPEC §4: the verifier's per-request seed is
+`specverify.request_seed(seed, n)` for its n-th token), so a request's
 output is the one it gets alone with the same seed, whatever else is in the batch.
 """
 

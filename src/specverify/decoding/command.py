@@ -52,7 +52,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 (default) is off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 (default) is off")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob; 0 (default) is off")
-    p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key seed + n")
+    p.add_argument("--seed", type=int, default=0, help="base seed: token n is drawn with key request_seed(seed, n)")
     p.add_argument(
         "-k",
         "--draft-tokens",

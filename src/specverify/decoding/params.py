@@ -9,8 +9,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..contract import ROW_STRIDE
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -61,10 +59,11 @@ def row_params(params: SamplingParams | Sequence[SamplingParams], batch: int) ->
 def base_seeds(seed: int | Sequence[int], batch: int) -> torch.Tensor:
     """Per-request base seeds as int64 [batch] (uint64 bit patterns).
 
-    seed: one int for the batch (row b gets seed + b * ROW_STRIDE, so a batch of one gets seed itself and
-    rows never share keys, as in SPEC §4) or one int per row.
+    seed: one int for the batch (row b gets base seed + b, so a batch of one gets seed itself; with
+    `specverify.request_seed` keys, rows never share keys and row b draws as the verifier's shared seed
+    spreads row b, SPEC §4) or one int per row.
     """
-    values = [seed + b * ROW_STRIDE for b in range(batch)] if isinstance(seed, int) else list(seed)
+    values = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
     if len(values) != batch or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"seed must be an int or a sequence of {batch} ints (got {seed!r:.80})")
     return torch.tensor([(v + 2**63) % 2**64 - 2**63 for v in values], dtype=torch.int64)

@@ -18,12 +18,10 @@ from typing import Protocol
 
 import torch
 
+from ...categorical import sample_from_weights
 from ...contract import PAD
+from ...rng import STREAM_DRAFT, keyed_uniform
 from ..params import RowParams
-
-#: Added to the verifier's per-row seed for the draft model's own draws: a key region far from the
-#: verifier's (s + position), so a draft is never drawn with a uniform the verifier also uses.
-DRAFT_SEED_OFFSET = 0x2545F4914F6CDD1D
 
 
 @dataclass
@@ -80,3 +78,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def draw_draft(probs: torch.Tensor, keys: torch.Tensor, draw: int = 0) -> torch.Tensor:
+    """A sampled draft token per row, drawn from the drafter's own distribution on its own stream (SPEC §4):
+    the key is the verifier's key of the position drafted, the stream STREAM_DRAFT + draw, so a draft never
+    uses a uniform the verifier uses, and drafts of requests that never share a key are independent.
+    probs: float [B, V], >= 0 (the q passed to the verifier, or q with earlier siblings removed);
+    keys: int64 [B]; draw: the draw's index among its siblings (0 for a chain) -> int64 [B]."""
+    return sample_from_weights(probs, keyed_uniform(keys.to(probs.device), STREAM_DRAFT + draw))

@@ -2,7 +2,7 @@
 
 The loop asks a policy for each row's draft length before drafting, and tells it afterwards what
 happened. The output never depends on the policy in "argmax" mode (row b's n-th token is keyed by
-s_b + n whatever was drafted, SPEC §4); only the speed does.
+request_seed(base_b, n) whatever was drafted, SPEC §4); only the speed does.
 
 Adaptive choice. A step with T tokens per row costs the target one forward pass over B*T tokens, and on
 a CPU that cost is far from linear in T (SmolLM2-135M, 1 thread: 52 ms at T = 1, 59 at 3, 84 at 4,

@@ -11,7 +11,7 @@ import specverify
 
 from ..engines.base import LanguageModel, Session
 from ..params import RowParams
-from .base import DRAFT_SEED_OFFSET, Draft, common_prefix, pad_rows
+from .base import Draft, common_prefix, draw_draft, pad_rows
 
 
 class ModelDrafter:
@@ -19,7 +19,7 @@ class ModelDrafter:
 
     With sampled=False it proposes its argmax; with sampled=True it samples each token from its own
     distribution truncated like the target's (`specverify.truncated_probs` with the target's params) on
-    keys offset from the verifier's, and returns those distributions as `draft_probs_full`. Its KV cache
+    the drafters' own stream (`draw_draft`), and returns those distributions as `draft_probs_full`. Its KV cache
     follows the committed contexts: each call keeps the longest prefix it still shares with them.
     """
 
@@ -49,10 +49,7 @@ class ModelDrafter:
                 probs.append(
                     specverify.truncated_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)
                 )
-                seed = seeds + DRAFT_SEED_OFFSET + j
-                tokens.append(
-                    specverify.sample(logits, params.temperature, params.top_k, params.top_p, seed, params.min_p)
-                )
+                tokens.append(draw_draft(probs[-1], seeds + j))
             else:
                 tokens.append(logits.argmax(-1))
             if j < k - 1:

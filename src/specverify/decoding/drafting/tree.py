@@ -23,10 +23,10 @@ import torch
 
 import specverify
 
-from ...contract import PAD, ROW_STRIDE, SIBLING_DRAWS
+from ...contract import PAD, SIBLING_DRAWS
 from ..engines.base import LanguageModel
 from ..params import RowParams
-from .base import DRAFT_SEED_OFFSET, common_prefix, pad_rows
+from .base import common_prefix, draw_draft, pad_rows
 from .ngram import SuffixIndex, check_ngram_range
 
 
@@ -147,8 +147,8 @@ class ModelTreeDrafter:
       (`specverify.truncated_probs` with the target's params), i.i.d. ("with_replacement", SpecInfer) or each
       from q without the earlier siblings' tokens, renormalised ("without_replacement"); fewer when q has no
       tokens left. q is returned for every child. Greedy rows get one child, the argmax (the verifier's walk
-      follows the argmax there). Keys: seed + DRAFT_SEED_OFFSET + depth + ROW_STRIDE * (1 + draw at that depth),
-      a region the verifier's keys (seed + depth) never use.
+      follows the argmax there). Draws (`draw_draft`): the verifier's key of the node's position (seed + depth)
+      on the drafters' stream STREAM_DRAFT + the draw's index at that depth, a stream the verifier never uses.
     """
 
     def __init__(self, model: LanguageModel, branching: int = 2, sibling_draws: str = "with_replacement"):
@@ -246,9 +246,7 @@ class ModelTreeDrafter:
         for k in range(count):
             if self.sibling_draws == "without_replacement" and float(left.sum()) <= 0:
                 break
-            key = int(seed) + DRAFT_SEED_OFFSET + depth + ROW_STRIDE * (1 + drawn_before + k)
-            key = torch.tensor([(key + 2**63) % 2**64 - 2**63], dtype=torch.int64, device=logits.device)
-            token = int(specverify.sample(left.log()[None], 1.0, 0, 1.0, key)[0])
+            token = int(draw_draft(left[None], seed.reshape(1) + depth, drawn_before + k)[0])
             tokens.append(token)
             if self.sibling_draws == "without_replacement":
                 left[token] = 0

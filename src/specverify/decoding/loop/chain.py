@@ -1,8 +1,8 @@
 """The chain loops: plain sampling, and speculative decoding of draft chains verified by
 `specverify.stochastic_acceptance_sampler`.
 
-Both keep the state of `state.BatchState` and key row b's n-th token by base_seed[b] + n, so in "argmax"
-mode the speculative loop commits exactly the tokens the plain loop samples (SPEC §4), whatever the
+Both keep the state of `state.BatchState` and key row b's n-th token by `request_seed(base_seed[b], n)`, so in
+"argmax" mode the speculative loop commits exactly the tokens the plain loop samples (SPEC §4), whatever the
 drafter, K or the batch; in "sampled" mode it commits them with exactly the same distribution. Both apply
 the same grammar masks (`constraints.grammar.GrammarMatchers`) and track the same thinking regions
 (`constraints.thinking.ThinkingRegions`), so that holds for constrained output too. Only relaxed
@@ -42,10 +42,10 @@ def plain_generate(
     grammar: GrammarArg = None,
     thinking: ThinkingRegions | None = None,
 ) -> GenerationResult:
-    """Decode one token per target step with `specverify.sample(..., seed=base_seed + n)`.
+    """Decode one token per target step with `specverify.sample(..., seed=request_seed(base_seed, n))`.
 
     prompts: B token-id lists; params: one SamplingParams or one per row; seed: an int for the batch
-    (row b uses seed + b * 0x9E3779B97F4A7C15) or one per row; max_tokens: the most tokens a row
+    (row b's base seed is seed + b) or one base seed per row; max_tokens: the most tokens a row
     generates, one int for all or one per row; stop_tokens: ids that end a row (kept);
     grammar: one Grammar for every row, one (or None) per row, or None; its stop tokens must be among
     stop_tokens; thinking: the tokens that open and close thinking regions, where the grammar does not apply.

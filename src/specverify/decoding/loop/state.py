@@ -2,8 +2,8 @@
 (`BatchState`), the prefill before the first step, the commit after each, and the end of a generation.
 
 The target session holds each row's context except its last token, whose logits the next step needs.
-Row b's n-th generated token is keyed by base_seed[b] + n (`BatchState.seeds`, SPEC §4), whatever was
-drafted: this is what makes the loops' output independent of the drafter.
+Row b's n-th generated token is keyed by `specverify.request_seed(base_seed[b], n)` (`BatchState.seeds`,
+SPEC §4), whatever was drafted: this is what makes the loops' output independent of the drafter.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from ...contract import DRAFT_PROPOSALS, PAD
+from ...rng import request_seed
 from ..constraints.grammar import Grammar, GrammarMatchers, grammar_rows
 from ..constraints.thinking import ThinkingRegions
 from ..drafting.base import pad_rows
@@ -59,8 +60,8 @@ class BatchState:
         self.thinking = [regions is not None and regions.inside(p) for p in prompts]
 
     def seeds(self) -> torch.Tensor:
-        """int64 [B]: the verifier's per-request seed, base + tokens generated so far."""
-        return self.base_seeds + torch.tensor([len(g) for g in self.generated], dtype=torch.int64)
+        """int64 [B]: the verifier's per-request seed, the key of each row's next token (SPEC §4)."""
+        return request_seed(self.base_seeds, torch.tensor([len(g) for g in self.generated], dtype=torch.int64))
 
     def last_tokens(self) -> torch.Tensor:
         """int64 [B, 1]: each running row's last context token (not yet in the cache); -1 for finished rows."""

@@ -2,7 +2,7 @@
 by `specverify.tree_acceptance_sampler` (SPEC §8).
 
 The loop keeps the chain loop's state and bookkeeping (`loop`): the session holds each row's context but
-its last token; row b's n-th token is keyed by base_seed[b] + n, so in "argmax" mode the committed tokens
+its last token; row b's n-th token is keyed by request_seed(base_seed[b], n), so in "argmax" mode the committed tokens
 are exactly plain decoding's, whatever the trees; in "sampled" mode they have the same distribution.
 Per step:
 1. the drafter proposes a tree per row (ragged, -1 padded), no path longer than the row's remaining budget;

@@ -117,7 +117,7 @@ def verify_step(
     metadata: vLLM's SpecDecodeMetadata (flat drafts [T], cu_num_draft_tokens [B], bonus indices [B],
     max_spec_len K); draft_probs: float [T, V], or None (n-gram and greedy drafters: argmax mode); scores:
     the logits [T + B, V] after vLLM's processors; sampling_metadata: its temperature / top_k / top_p;
-    seeds: int64 [B] (base + tokens generated); min_p: float [B] or None.
+    seeds: int64 [B] (request_seed(base, tokens generated)); min_p: float [B] or None.
     Returns vLLM's sampled_token_ids: int32 [B, K + 1], each row's committed tokens then -1.
     """
     positions = metadata.max_spec_len

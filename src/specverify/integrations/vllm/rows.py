@@ -1,8 +1,9 @@
 """Each request's seed and min-p, row by row, for one vLLM step (SPEC §4 keys, as our own loop keys them).
 
-Row b's draw for its n-th generated token is keyed by `base_b + n` (n: tokens the request has generated
-before this step, its `output_token_ids` in the model runner), so in argmax mode the committed tokens
-equal plain sampling's whatever the draft, K or batch. `base_b` is the request's own seed; a request
+Row b's draw for its n-th generated token is keyed by `specverify.request_seed(base_b, n)` (n: tokens the
+request has generated before this step, its `output_token_ids` in the model runner), so in argmax mode the
+committed tokens equal plain sampling's whatever the draft, K or batch, and requests whose seeds are close
+(vLLM's `n > 1` children get seed + i) never share a key. `base_b` is the request's own seed; a request
 without one gets a seed derived once from its request id and the engine's seed (stable across the
 workers of a tensor-parallel group, which must draw alike). Nothing here imports vLLM.
 """
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ... import request_seed
 
 
 def as_int64(value: int) -> int:
@@ -50,7 +53,7 @@ class RequestRows:
     def step(
         self, request_ids: Sequence[str], requests: Mapping[str, Any], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The rows of one step: (seeds int64 [B] = base + tokens generated so far, min_p float32 [B] or
+        """The rows of one step: (seeds int64 [B] = request_seed(base, tokens generated so far), min_p float32 [B] or
         None when no row uses it). request_ids: the batch's B ids in row order; requests: id -> the model
         runner's state, with `.sampling_params` (seed, min_p) and `.output_token_ids`."""
         batch = len(request_ids)
@@ -71,9 +74,8 @@ class RequestRows:
         if len(known) > 2 * len(requests) + 64:  # forget finished requests now and then
             for request_id in [r for r in known if r not in requests]:
                 del known[request_id]
-        with np.errstate(over="ignore"):
-            seeds = bases + counts  # wraps mod 2**64, as the keys do
-        seeds_tensor = torch.from_numpy(seeds).to(device, non_blocking=True)
+        seeds = request_seed(torch.from_numpy(bases), torch.from_numpy(counts), validate=False)
+        seeds_tensor = seeds.to(device, non_blocking=True)
         if not (min_p > 0).any():
             return seeds_tensor, None
         return seeds_tensor, torch.from_numpy(min_p).to(device, non_blocking=True)

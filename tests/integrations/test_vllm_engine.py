@@ -112,11 +112,17 @@ def _workload(solo: bool, refusals: bool = False, children: bool = False) -> dic
     return batches
 
 
-def _engine(tmp_path_factory, name: str, speculative: dict | None, plugin: bool, workload: dict) -> dict:
+def _engine(
+    tmp_path_factory, name: str, speculative: dict | None, plugin: bool, workload: dict, probes: tuple[str, ...] = ()
+) -> dict:
     support.require_vllm()
     model = support.model_folder()
     status, result, output = support.run_job(
-        support.engine_arguments(model, speculative), workload, tmp_path_factory.mktemp(name), plugin=plugin
+        support.engine_arguments(model, speculative),
+        workload,
+        tmp_path_factory.mktemp(name),
+        plugin=plugin,
+        probes=probes,
     )
     assert status == 0 and result is not None, f"engine {name} failed (status {status}):\n{output[-6000:]}"
     result["output"] = output
@@ -127,7 +133,7 @@ def _engine(tmp_path_factory, name: str, speculative: dict | None, plugin: bool,
 def speculative(tmp_path_factory) -> dict:
     """The plug-in on, n-gram speculation with k = 4."""
     workload = _workload(solo=True, refusals=True, children=True)
-    return _engine(tmp_path_factory, "plugin-ngram4", support.NGRAM, True, workload)
+    return _engine(tmp_path_factory, "plugin-ngram4", support.NGRAM, True, workload, ("sampler_outside_a_step",))
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +162,8 @@ def _ids(result: dict, batch: str) -> list[list[int]]:
 def test_greedy_with_the_plugin_and_speculation_equals_stock_vllm_without_it(speculative, plain, stock):
     expected = _ids(stock, "greedy")
     assert all(0 < len(ids) <= 40 for ids in expected) and sum(map(len, expected)) > 100
+    support.assert_speculated(speculative, "greedy")
+    support.assert_not_speculated(plain, "greedy")
     assert _ids(speculative, "greedy") == expected
     assert _ids(plain, "greedy") == expected
 
@@ -164,6 +172,9 @@ def test_each_request_of_a_mixed_batch_equals_its_run_alone_without_speculation_
     speculative, plain, other_k
 ):
     batch = _ids(speculative, "mixed")
+    support.assert_speculated(speculative, "mixed")
+    support.assert_speculated(other_k, "mixed")
+    support.assert_not_speculated(plain, "mixed")
     for index, (prompt, params) in enumerate(MIXED):
         alone = _ids(speculative, f"solo-{index}")[0]
         assert len(batch[index]) == params["max_tokens"] or batch[index][-1] == EOS, (prompt, params)
@@ -199,12 +210,15 @@ def test_the_engine_logs_one_line_naming_the_backend_and_stock_vllm_is_untouched
     speculative, plain, stock
 ):
     line = "specverify plug-in on (vLLM 0.32"
-    assert speculative["hooked"] and plain["hooked"]
+    support.assert_hooked_in_every_worker(speculative)
+    support.assert_hooked_in_every_worker(plain)
     assert speculative["output"].count(line) == 1
     assert "drafts by specverify.stochastic_acceptance_sampler" in speculative["output"]
     assert "backend native" in speculative["output"]
     assert plain["output"].count(line) == 1
-    assert not stock["hooked"] and "specverify" not in stock["output"].replace(str(support.model_folder()), "")
+    assert stock["workers"] and not any(w["hooked"] for w in stock["workers"])
+    assert all(w["check"].startswith("HookError: specverify's hook of") for w in stock["workers"]), stock["workers"]
+    assert "specverify" not in stock["output"].replace(str(support.model_folder()), "")
 
 
 @pytest.mark.parametrize(
@@ -299,3 +313,13 @@ def _independence(table: np.ndarray, stats) -> float:
     """Pearson's chi-square p-value of independence of a 2 x 2 table; both flips must show both sides."""
     assert (table.sum(0) > 0).all() and (table.sum(1) > 0).all(), table
     return float(stats.chi2_contingency(table, correction=False).pvalue)
+
+
+def test_a_sampler_call_from_an_unknown_call_site_raises_instead_of_keying_every_request_alike(speculative):
+    """In every worker of a running engine, a call of the hooked sampler outside vLLM's step and warm-up
+    (where the plug-in cannot know the rows' requests) raises HookError naming both known call sites."""
+    seen = speculative["probes"]["sampler_outside_a_step"]
+    assert seen and all(
+        s.startswith("HookError: a sampler was called outside GPUModelRunner._sample and "
+                     "GPUModelRunner._dummy_sampler_run") for s in seen
+    ), seen  # fmt: skip

@@ -3,15 +3,19 @@ in order, one JSON result written (a batch vLLM refuses is recorded as {"error":
 
 JOB: {"engine": {LLM keyword arguments, "model" included}, "batches": {name: [{"prompt": str,
 "params": {SamplingParams keyword arguments}}, ...]}}. Each batch is one `LLM.generate` call.
+JOB may also hold "probes": [names of PROBES], each run in every worker after the batches.
 RESULT: {"batches": {name: [{"token_ids": [...], "text": str, "logprobs": [[[id, logprob], ...], ...] | null,
-"sequences": [the same for each of the request's n sequences]}]},
-"hooked": whether specverify's hooks are installed in this process, "start_seconds", "generate_seconds"}.
+"sequences": [the same for each of the request's n sequences]}]}, "spec_decode": {name: vLLM's spec-decode
+counters' increase over the batch: drafts, draft_tokens, accepted_tokens}, "workers": [per worker: "hooked"
+(specverify's hooks on its model runner class), "check" (the plug-in's worker check: its line or error)],
+"probes": {name: [per worker: what the probe saw]}, "start_seconds", "generate_seconds"}.
 The engine is shut down before the script exits, so at most one engine runs per job.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -44,32 +48,87 @@ def _params(params: dict) -> dict:
     return params
 
 
-def main(job_path: str, result_path: str) -> None:
-    from vllm import LLM, SamplingParams
+#: vLLM's spec-decode counters (`LLM.get_metrics`, the engine built with disable_log_stats=False).
+SPEC_DECODE_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+
+
+def _counters(llm) -> dict[str, float]:
+    """The spec-decode counters now (0 for one the engine does not report)."""
+    values = {metric.name: getattr(metric, "value", 0) for metric in llm.get_metrics()}
+    return {key: float(values.get(name, 0)) for key, name in SPEC_DECODE_COUNTERS.items()}
+
+
+def _worker_hooks(worker) -> dict:
+    """Run in every worker: is the model runner's class hooked by specverify, and the plug-in's own check of
+    this worker (its log line, or the error it raises)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    hooked = hasattr(GPUModelRunner._sample, "_specverify_original")
+    try:
+        from specverify.integrations.vllm.hooks import worker_check
+
+        return {"hooked": hooked, "check": worker_check(worker)}
+    except Exception as err:
+        return {"hooked": hooked, "check": f"{type(err).__name__}: {err}"}
+
+
+def _sampler_outside_a_step(worker) -> str:
+    """Run in every worker: call the runner's sampler as no known vLLM call site does (outside _sample and
+    the warm-up) -> what it raised, or "no error"."""
+    import torch
+
+    runner = getattr(worker, "worker", worker).model_runner
+    try:
+        runner.sampler.sample(torch.zeros(2, 8), None)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+PROBES = {"sampler_outside_a_step": _sampler_outside_a_step}
+
+
+def _generate(llm, requests: list[dict]):
+    from vllm import SamplingParams
+
+    return llm.generate(
+        [request["prompt"] for request in requests],
+        [SamplingParams(**_params(request["params"])) for request in requests],
+        use_tqdm=False,
+    )
+
+
+def main(job_path: str, result_path: str) -> None:
+    from vllm import LLM
 
     with open(job_path) as file:
         job = json.load(file)
+    # collective_rpc sends the worker functions above to the engine core as pickles (this driver's own
+    # functions, on a local socket), which vLLM allows only when asked
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     started = time.perf_counter()
-    llm = LLM(**job["engine"])
+    llm = LLM(**{"disable_log_stats": False, **job["engine"]})
     start_seconds = time.perf_counter() - started
-    batches, seconds = {}, {}
+    batches, seconds, counters = {}, {}, {}
     for name, requests in job["batches"].items():
-        began = time.perf_counter()
+        began, before = time.perf_counter(), _counters(llm)
         try:
-            outputs = llm.generate(
-                [request["prompt"] for request in requests],
-                [SamplingParams(**_params(request["params"])) for request in requests],
-                use_tqdm=False,
-            )
+            outputs = _generate(llm, requests)
         except Exception as err:  # a request vLLM refuses: recorded, and the engine goes on
             batches[name] = {"error": f"{type(err).__name__}: {err}"}
             continue
         seconds[name] = time.perf_counter() - began
+        counters[name] = {key: value - before[key] for key, value in _counters(llm).items()}
         batches[name] = [_completion(output) for output in outputs]
     result = {
         "batches": batches,
-        "hooked": hasattr(GPUModelRunner._sample, "_specverify_original"),
+        "spec_decode": counters,
+        "workers": llm.collective_rpc(_worker_hooks),
+        "probes": {name: llm.collective_rpc(PROBES[name]) for name in job.get("probes", [])},
         "start_seconds": start_seconds,
         "generate_seconds": seconds,
     }

@@ -92,13 +92,21 @@ def engine_arguments(model: Path, speculative: dict | None = None, **extra) -> d
 
 
 def run_job(
-    engine: dict, batches: dict, folder: Path, *, plugin: bool, timeout: float = 600, env: dict | None = None
+    engine: dict,
+    batches: dict,
+    folder: Path,
+    *,
+    plugin: bool,
+    timeout: float = 600,
+    env: dict | None = None,
+    probes: tuple[str, ...] = (),
 ) -> tuple[int, dict | None, str]:
-    """One engine built, its batches generated, the engine stopped -> (exit status, the driver's result or
-    None, the processes' combined output). folder: a scratch folder (also the working directory)."""
+    """One engine built, its batches generated, the probes run in its workers (vllm_driver.PROBES), the engine
+    stopped -> (exit status, the driver's result or None, the processes' combined output). folder: a scratch
+    folder (also the working directory)."""
     python = require_vllm()
     job, result = folder / "job.json", folder / "result.json"
-    job.write_text(json.dumps({"engine": engine, "batches": batches}))
+    job.write_text(json.dumps({"engine": engine, "batches": batches, "probes": list(probes)}))
     result.unlink(missing_ok=True)
     done = subprocess.run(
         [str(python), str(DRIVER), str(job), str(result)], cwd=folder, env=env or environment(plugin), check=False,
@@ -186,3 +194,22 @@ def serve(
         with contextlib.suppress(ProcessLookupError):  # any engine process of the server's group still alive
             os.killpg(process.pid, signal.SIGKILL)
         print(f"vLLM server on port {port} stopped (status {process.returncode})", file=sys.stderr)
+
+
+def assert_speculated(result: dict, batch: str) -> None:
+    """vLLM's own counters show drafts proposed and accepted during `batch` (so an on = off comparison of
+    it compares something)."""
+    counters = result["spec_decode"][batch]
+    assert counters["drafts"] > 0 and counters["draft_tokens"] > 0, (batch, counters)
+    assert counters["accepted_tokens"] > 0, (batch, counters)
+
+
+def assert_not_speculated(result: dict, batch: str) -> None:
+    """vLLM's counters show no draft during `batch`."""
+    assert result["spec_decode"][batch]["draft_tokens"] == 0, (batch, result["spec_decode"][batch])
+
+
+def assert_hooked_in_every_worker(result: dict) -> None:
+    """Every worker's model runner carries specverify's hooks and passes the plug-in's worker check."""
+    workers = result["workers"]
+    assert workers and all(w["hooked"] and w["check"].startswith("specverify plug-in on") for w in workers), workers

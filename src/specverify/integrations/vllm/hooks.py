@@ -3,8 +3,10 @@
 Patched once per process by `install()`:
 - `GPUModelRunner.__init__`: the new runner's `sampler.sample` (every plain step) and
   `rejection_sampler.forward` (every step with drafts) become ours, sharing the runner's request rows;
-- `GPUModelRunner._sample`: marks the call as a real step, so the rows are the batch's requests (vLLM's own
-  warm-up calls of the samplers, outside a step, get dummy rows);
+- `GPUModelRunner._sample`: marks the call as a real step, so the rows are the batch's requests;
+- `GPUModelRunner._dummy_sampler_run`: marks vLLM's own warm-up calls of the samplers, which get dummy rows
+  (seed 0). A sampler call in neither raises HookError: a call site this plug-in does not know would
+  otherwise key every request alike without a word;
 - `SamplingParams._validate_spec_decode`: min_p is allowed with speculation, logit_bias still refused;
 - `EngineArgs.create_engine_config`: unsupported options (options.py) fail before any engine process starts;
 - `EngineCore._initialize_kv_caches`: checks the options again, then asks every worker, once the engine
@@ -38,19 +40,31 @@ class HookError(RuntimeError):
     """A patch could not be applied, or a worker runs without it: the engine must not start."""
 
 
+#: The calls of the samplers the plug-in knows: a real step (`_sample`) and vLLM's warm-up.
+STEP, WARM_UP = "GPUModelRunner._sample", "GPUModelRunner._dummy_sampler_run"
+
+
 class _RunnerRows:
-    """One model runner's request rows, shared by its sampler and rejection sampler."""
+    """One model runner's request rows, shared by its sampler and rejection sampler. `caller`: which known
+    call of the samplers is running (STEP, WARM_UP), None outside them."""
 
     def __init__(self, runner: Any) -> None:
         self._runner = weakref.ref(runner)
         self.rows = RequestRows(getattr(runner.model_config, "seed", 0))
-        self.in_step = False
+        self.caller: str | None = None
 
     def step(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(seeds int64 [batch], min_p float32 [batch] or None) of the current step's requests."""
-        runner = self._runner()
-        if not self.in_step or runner is None:
+        """(seeds int64 [batch], min_p float32 [batch] or None) of the current step's requests; dummy rows in
+        vLLM's warm-up; HookError for a call from anywhere else."""
+        if self.caller == WARM_UP:
             return RequestRows.warmup(batch, device)
+        runner = self._runner()
+        if self.caller != STEP or runner is None:
+            raise HookError(
+                f"a sampler was called outside {STEP} and {WARM_UP}, so specverify cannot tell which requests "
+                "its rows are and will not key them alike (this vLLM has a call site the plug-in does not know; "
+                "turn it off with SPECVERIFY_VLLM=0)"
+            )
         request_ids = runner.input_batch.req_ids
         if len(request_ids) < batch:
             raise HookError(f"the step has {batch} sampled rows but the batch only {len(request_ids)} requests")
@@ -187,20 +201,26 @@ def _wrap_init(original):
     return __init__
 
 
-def _wrap_sample(original):
-    @functools.wraps(original)
-    def _sample(self, logits, spec_decode_metadata):
-        rows = getattr(self, STATE, None)
-        if rows is None:
-            raise HookError(f"{type(self).__name__} was built without specverify's hooks")
-        rows.in_step = True
-        try:
-            return original(self, logits, spec_decode_metadata)
-        finally:
-            rows.in_step = False
+def _wrap_caller(caller: str):
+    """A wrap of the runner method named `caller` (STEP or WARM_UP): the samplers' calls inside it are
+    marked as coming from it."""
 
-    _sample._specverify_original = original
-    return _sample
+    def wrap(original):
+        @functools.wraps(original)
+        def marked(self, *args, **kwargs):
+            rows = getattr(self, STATE, None)
+            if rows is None:
+                raise HookError(f"{type(self).__name__} was built without specverify's hooks")
+            outer, rows.caller = rows.caller, caller
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                rows.caller = outer
+
+        marked._specverify_original = original
+        return marked
+
+    return wrap
 
 
 def _validate_spec_decode(self: Any, speculative_config: Any) -> None:
@@ -245,8 +265,11 @@ def worker_check(worker: Any) -> str:
             f"specverify's vLLM plug-in hooks the V1 model runner (GPUModelRunner and subclasses); this worker "
             f"runs {name} (Model Runner V2 needs VLLM_USE_V2_MODEL_RUNNER=0)"
         )
-    if not hasattr(type(runner)._sample, "_specverify_original"):
-        raise HookError(f"specverify's hook of {name}._sample is not in place in this worker (was the plug-in loaded?)")
+    for method in ("_sample", "_dummy_sampler_run"):
+        if not hasattr(getattr(type(runner), method), "_specverify_original"):
+            raise HookError(
+                f"specverify's hook of {name}.{method} is not in place in this worker (was the plug-in loaded?)"
+            )
     if getattr(runner, STATE, None) is None or getattr(runner.sampler.sample, "__func__", None) is not _plain_sample:
         raise HookError(f"specverify's hook of {name}.sampler.sample is not in place in this worker")
     rejection = getattr(runner, "rejection_sampler", None)
@@ -327,7 +350,8 @@ def install() -> None:
         if not callable(getattr(owner, name, None)):
             raise HookError(f"specverify's vLLM plug-in needs {owner.__qualname__}.{name}, which this vLLM lacks")
     _patch(GPUModelRunner, "__init__", _wrap_init)
-    _patch(GPUModelRunner, "_sample", _wrap_sample)
+    _patch(GPUModelRunner, "_sample", _wrap_caller(STEP))
+    _patch(GPUModelRunner, "_dummy_sampler_run", _wrap_caller(WARM_UP))
     _patch(EngineCore, "_initialize_kv_caches", _wrap_initialize_kv_caches)
     _patch(EngineArgs, "create_engine_config", _wrap_create_engine_config)
     if "_validate_spec_decode" not in SamplingParams.__dict__:

@@ -40,6 +40,15 @@ def base_seed(request_id: str, seed: int | None, engine_seed: int) -> int:
     return as_int64(seed)
 
 
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor [B] on `device`. For an accelerator it is copied from pinned memory, so the copy does not
+    synchronise the host with the device (torch's caching host allocator holds the pinned block until the copy
+    has run); on the CPU it is returned as it is."""
+    if device.type == "cpu":
+        return values
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 class RequestRows:
     """Per-request constants (base seed, min-p) cached by request id, and per step the rows' tensors.
 
@@ -74,11 +83,10 @@ class RequestRows:
         if len(known) > 2 * len(requests) + 64:  # forget finished requests now and then
             for request_id in [r for r in known if r not in requests]:
                 del known[request_id]
-        seeds = request_seed(torch.from_numpy(bases), torch.from_numpy(counts), validate=False)
-        seeds_tensor = seeds.to(device, non_blocking=True)
+        seeds = to_device(request_seed(torch.from_numpy(bases), torch.from_numpy(counts), validate=False), device)
         if not (min_p > 0).any():
-            return seeds_tensor, None
-        return seeds_tensor, torch.from_numpy(min_p).to(device, non_blocking=True)
+            return seeds, None
+        return seeds, to_device(torch.from_numpy(min_p), device)
 
     @staticmethod
     def warmup(batch: int, device: torch.device) -> tuple[torch.Tensor, None]:

@@ -1,12 +1,14 @@
 """(slow) vLLM's OpenAI-compatible server with the plug-in on and n-gram speculation, started on a loopback port
 by this module and stopped at its end: real /v1/completions answers; a bounded load test where 36 concurrent
-seeded requests with mixed parameters all complete and each equals its output when sent alone; requests
-with bad parameters get vLLM's 4xx while the server keeps serving.
+seeded requests with mixed parameters (at least 32 running at once) all complete and each gives the token
+ids it gives alone; requests with bad parameters get vLLM's 4xx while the server keeps serving; data
+parallel 2 (two engine cores, each with the plug-in) gives the token ids of one engine.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,12 +39,49 @@ REQUEST_TIMEOUT = 240  # seconds, per request
 
 
 def _load_requests() -> list[dict]:
-    """LOAD seeded requests, each prompt with each parameter set in turn, lengths 12..28 tokens."""
+    """LOAD seeded requests, each prompt with each parameter set in turn, lengths 8..40 tokens (min_tokens 8: every request stays in flight a while), token ids
+    returned."""
     return [
-        {"model": "smollm2", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 12 + (i * 5) % 17, "seed": 1000 + i,
-         **SAMPLING[(i // len(PROMPTS)) % len(SAMPLING)]}
+        {"model": "smollm2", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 24 + (i * 5) % 17, "min_tokens": 8, "seed": 1000 + i,
+         "return_token_ids": True, **SAMPLING[(i // len(PROMPTS)) % len(SAMPLING)]}
         for i in range(LOAD)
     ]  # fmt: skip
+
+
+def _token_ids(answer: dict) -> list[int]:
+    """The generated token ids of a completion answer (requested with return_token_ids)."""
+    return answer["choices"][0]["token_ids"]
+
+
+def _concurrently(server: support.Server, requests: list[dict]) -> tuple[list[tuple[int, dict]], int]:
+    """Send every request at once -> (their (status, answer) in order, the most requests the server's
+    /metrics showed in flight, running or waiting, at one time while they were served, over its engines)."""
+    most, done = 0, threading.Event()
+
+    def watch():
+        nonlocal most
+        while not done.is_set():
+            in_flight = [
+                support.metric_values(server, f"vllm:num_requests_{state}") for state in ("running", "waiting")
+            ]
+            most = max(most, int(sum(map(sum, in_flight))))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            answers = list(pool.map(lambda body: _complete(server, body), requests))
+    finally:
+        done.set()
+        watcher.join()
+    return answers, most
+
+
+def _spec_decode_counts(server: support.Server) -> tuple[float, float]:
+    """(draft tokens, accepted tokens) counted by the server since it started, over its engines."""
+    drafted = sum(support.metric_values(server, "vllm:spec_decode_num_draft_tokens_total"))
+    return drafted, sum(support.metric_values(server, "vllm:spec_decode_num_accepted_tokens_total"))
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +114,26 @@ def test_the_server_answers_completions_with_the_plugin_on(server):
 
 
 def test_concurrent_seeded_requests_all_complete_and_each_equals_its_solo_output(server):
+    """36 seeded requests sent at once (at least 32 in flight together by the server's own gauges) each give
+    the token ids they give alone; none is empty, and the server drafted and accepted tokens meanwhile."""
     requests = _load_requests()
     solo = []
     for body in requests:
         status, answer = _complete(server, body)
         assert status == 200, (body, answer)
-        solo.append(answer["choices"][0]["text"])
+        solo.append(_token_ids(answer))
+    assert all(solo), solo
+    drafted, accepted = _spec_decode_counts(server)
     began = time.monotonic()
-    with ThreadPoolExecutor(max_workers=LOAD) as pool:
-        answers = list(pool.map(lambda body: _complete(server, body), requests))
+    answers, most_in_flight = _concurrently(server, requests)
     seconds = time.monotonic() - began
     assert all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
-    texts = [answer["choices"][0]["text"] for _, answer in answers]
-    differing = [(i, requests[i], solo[i], texts[i]) for i in range(LOAD) if texts[i] != solo[i]]
+    ids = [_token_ids(answer) for _, answer in answers]
+    differing = [(i, requests[i], solo[i], ids[i]) for i in range(LOAD) if ids[i] != solo[i]]
     assert not differing, differing[:3]
+    assert most_in_flight >= 32, most_in_flight
+    now_drafted, now_accepted = _spec_decode_counts(server)
+    assert now_drafted > drafted and now_accepted > accepted, (drafted, accepted, now_drafted, now_accepted)
     assert seconds < REQUEST_TIMEOUT
 
 

@@ -149,11 +149,16 @@ class Server:
 
 @contextlib.contextmanager
 def serve(
-    model: Path, folder: Path, *arguments: str, plugin: bool = True, start_timeout: float = 420
+    model: Path,
+    folder: Path,
+    *arguments: str,
+    plugin: bool = True,
+    start_timeout: float = 420,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Start `python -m vllm.entrypoints.openai.api_server --model MODEL --host 127.0.0.1 --port P ...`,
     wait until /health answers, yield the Server, then stop it (SIGINT, then SIGKILL of its process group
-    after 60 s) and wait for it."""
+    after 60 s) and wait for it. env: variables added to `environment(plugin)`."""
     python = require_vllm()
     port = free_port()
     log = folder / "server.log"
@@ -164,7 +169,12 @@ def serve(
     ]  # fmt: skip
     with open(log, "w") as sink:
         process = subprocess.Popen(
-            command, cwd=folder, env=environment(plugin), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=folder,
+            env=environment(plugin, **(env or {})),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     server = Server(process, port, log)
     try:
@@ -213,3 +223,19 @@ def assert_hooked_in_every_worker(result: dict) -> None:
     """Every worker's model runner carries specverify's hooks and passes the plug-in's worker check."""
     workers = result["workers"]
     assert workers and all(w["hooked"] and w["check"].startswith("specverify plug-in on") for w in workers), workers
+
+
+def metric_values(server: Server, name: str) -> list[float]:
+    """The values of every series of one Prometheus metric on the server's /metrics (one per engine or label
+    set), e.g. vllm:num_requests_running."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    ]

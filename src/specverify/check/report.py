@@ -17,7 +17,6 @@ from .targets import Target
 from .timing import timing_check
 from .vllm import print_vllm_details, vllm_section, vllm_summary
 
-
 #: What each section checks, said as it starts.
 SECTION_WORK = {
     "exactness": "truncated_probs against the float64 oracle",

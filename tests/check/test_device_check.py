@@ -50,7 +50,7 @@ def test_a_check_that_checks_nothing_does_not_pass(capsys, tmp_path):
     out = capsys.readouterr().out
     report = json.loads(report_file.read_text())
     assert code == 1 and report["passed"] is False and report["checked"] == []
-    assert out.strip().splitlines()[-1] == "specverify check: FAILED: nothing was checked"
+    assert out.strip().splitlines()[-1] == "FAILED: nothing was checked"
     if importlib.util.find_spec("vllm") is None:  # the vllm section skips here
         code = check_main(["--device", "cpu", "--sections", "vllm", "--json"])
         report = json.loads(capsys.readouterr().out)
@@ -84,7 +84,7 @@ def test_check_cpu_run_of_every_section(capsys, tmp_path):
     assert [line.split()[0] for line in summary if line.startswith("  ") and not line.startswith("   ")] == (
         sections.split(",")
     )
-    assert summary[-1].startswith(f"specverify check: passed: {sections.replace(',', ', ')} in ")
+    assert summary[-1].startswith(f"PASSED: {sections.replace(',', ', ')} in ")
     assert max(map(len, lines)) <= 80
 
 

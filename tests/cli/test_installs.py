@@ -68,7 +68,7 @@ def test_every_command_s_help(installed):
 def test_check_and_bench_run(installed):
     done = specverify(installed, "check", "--quick", "--sections", "exactness")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stdout.splitlines()[-1].startswith("specverify check: passed: exactness in ")
+    assert done.stdout.splitlines()[-1].startswith("PASSED: exactness in ")
     done = specverify(installed, "bench", "-B", "2", "-K", "1", "-V", "64", "--repeats", "1", "--modes", "greedy")
     assert done.returncode == 0, done.stderr[-2000:]
     assert any(line.startswith("all greedy, validate=False ") for line in done.stdout.splitlines())

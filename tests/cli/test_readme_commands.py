@@ -96,7 +96,7 @@ def _user_environment() -> dict[str, str]:
 SCREENS = {
     "make demo": lambda s: "identical text" in s.text(),
     "specverify audit": lambda s: "PASS · " in s.text() and "lossless scenarios pass" in s.text(),
-    "specverify check": lambda s: s.lines()[-1].startswith("specverify check: passed: "),
+    "specverify check": lambda s: s.lines()[-1].startswith("PASSED: "),
     "specverify bench": lambda s: s.lines()[-1].endswith("over the logits' bytes") and "{" not in s.text(),
 }
 #: The longest a person may wait without a new word on the screen, where the README's commands work for long.
@@ -110,7 +110,9 @@ def test_every_readme_line_runs_as_written_from_a_fresh_clone(tmp_path):
     for line in readme_command_lines((clone / "README.md").read_text()):
         if any(marker in line for marker in NOT_RUN):
             continue
+        started = time.monotonic()
         run = Shell(" && ".join([*shell_state, line]), clone, timeout=1200 if line.startswith("make") else 600)
+        print(f"{line}: {time.monotonic() - started:.0f} s, longest silence {run.longest_silence:.1f} s")  # with -s
         assert run.status == 0, f"{line!r} exited {run.status}; screen:\n{run.text()[-4000:]}"
         assert not SPINNER & set(run.text()), f"{line!r} left a spinner on the screen:\n{run.text()[-2000:]}"
         if line in SCREENS:

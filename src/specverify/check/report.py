@@ -97,14 +97,15 @@ TIMING_SUMMARY = ("argmax", "sampled")
 
 
 def _verdict(report: dict) -> str:
-    """The last line: passed or failed, the sections checked and skipped, the seconds taken."""
+    """The last line: PASSED or FAILED, the sections checked and skipped, the seconds taken (under 80 columns
+    with every section named)."""
     checked = report["checked"]
     skipped = [s for s in SECTION_WORK if s in report and s not in checked]
     tail = f" (skipped: {', '.join(skipped)})" if skipped else ""
     if not checked:
-        return f"specverify check: FAILED: nothing was checked{tail}"
-    verdict = "passed" if report["passed"] else "FAILED"
-    return f"specverify check: {verdict}: {', '.join(checked)}{tail} in {report['seconds']:.0f} s"
+        return f"FAILED: nothing was checked{tail}"
+    verdict = "PASSED" if report["passed"] else "FAILED"
+    return f"{verdict}: {', '.join(checked)}{tail} in {report['seconds']:.0f} s"
 
 
 def _print_parity_cases(p: dict, out) -> None:

@@ -613,6 +613,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     traffic = args.traffic or (device.type == "cpu" and os.environ.get(kernels.ENVIRONMENT, "").strip() == "triton")
+    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():
+        print(
+            f"specverify bench: error: --json {args.json}: its folder {Path(args.json).parent} does not exist",
+            file=sys.stderr,
+        )
+        return 2
     if traffic and device.type != "cpu":
         print("specverify bench: error: --traffic meters under Triton's interpreter: use --device cpu", file=sys.stderr)
         return 2

@@ -57,6 +57,15 @@ def test_a_check_that_checks_nothing_does_not_pass(capsys, tmp_path):
         assert code == 1 and report["passed"] is False and "skipped" in report["vllm"]
 
 
+def test_a_json_file_that_cannot_be_written_is_refused_before_the_check(capsys):
+    assert check_main(["--device", "cpu", "--json", "/no-such-folder/check.json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "python -m specverify.check: error: --json /no-such-folder/check.json: its folder /no-such-folder does not "
+        "exist; nothing was checked\n"
+    )
+
+
 def test_check_rejects_unknown_sections(capsys):
     with pytest.raises(SystemExit) as exit_:
         check_main(["--device", "cpu", "--sections", "parity,speed"])

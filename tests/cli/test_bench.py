@@ -92,6 +92,10 @@ def test_a_slow_case_says_how_far_it_got_after_a_quiet_spell():
         ),
         (["--modes", ","], "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got ',')"),
         (
+            ["--json", "/no-such-folder/bench.json"],
+            "--json /no-such-folder/bench.json: its folder /no-such-folder does",
+        ),
+        (
             ["--vocab", "1000000000"],
             "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 31,471.3 GiB",
         ),

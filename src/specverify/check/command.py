@@ -130,6 +130,8 @@ def run_check_command(args: argparse.Namespace) -> int:
         )
     for flag, device in (("--device", args.device), ("--reference", args.reference)):
         _check_device(flag, device)
+    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():
+        raise UsageError(f"--json {args.json}: its folder {Path(args.json).parent} does not exist; nothing was checked")
     candidate = Target(
         args.device, native=not args.candidate_fallback, perturb_ulps=args.perturb_ulps, backend=args.candidate_backend
     )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
 import statistics
 import sys
@@ -25,12 +24,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from . import kernels, stochastic_acceptance_sampler, tree_acceptance_sampler
 from .kernels import native
+from .usage import JSON_TO_STDOUT, json_destination_problem, show_results
 
 #: The default device of the timed calls.
 CPU = torch.device("cpu")
@@ -537,7 +536,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         nargs="?",
-        const="-",
+        const=JSON_TO_STDOUT,
         metavar="FILE",
         help="the results as one JSON object: on stdout instead of the table, or written to FILE",
     )
@@ -610,25 +609,18 @@ def run_bench_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = json_destination_problem(args.json)
+    if problem is not None:
+        print(f"specverify bench: error: {problem}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     traffic = args.traffic or (device.type == "cpu" and os.environ.get(kernels.ENVIRONMENT, "").strip() == "triton")
-    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():
-        print(
-            f"specverify bench: error: --json {args.json}: its folder {Path(args.json).parent} does not exist",
-            file=sys.stderr,
-        )
-        return 2
     if traffic and device.type != "cpu":
         print("specverify bench: error: --traffic meters under Triton's interpreter: use --device cpu", file=sys.stderr)
         return 2
     shape = (args.batch, args.drafts, args.vocab, getattr(torch, args.dtype))
     print(f"specverify bench: B={args.batch} K={args.drafts} V={args.vocab} {args.dtype} on {device}", file=sys.stderr)
     results = run_benchmark(*shape, modes, args.repeats, device, traffic, progress=Progress())
-    if args.json == "-":
-        print(json.dumps(results))
-        return 0
-    if args.json is not None:
-        Path(args.json).write_text(json.dumps(results) + "\n")
-    print_table(results)
+    show_results(args.json, results, lambda: print_table(results))
     return 0

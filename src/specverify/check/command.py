@@ -21,10 +21,8 @@ On the GPU machine, with the project's sources on the path (no install needed), 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from ..usage import UsageError
+from ..usage import JSON_TO_STDOUT, UsageError, json_destination_problem, show_results
 
 DESCRIPTION = (
     "Check specverify on the device at hand (the candidate: CUDA where there is one, else the CPU): "
@@ -101,7 +99,7 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         nargs="?",
-        const="-",
+        const=JSON_TO_STDOUT,
         metavar="FILE",
         help="the whole report as one JSON object: on stdout instead of the summary, or written to FILE",
     )
@@ -130,8 +128,9 @@ def run_check_command(args: argparse.Namespace) -> int:
         )
     for flag, device in (("--device", args.device), ("--reference", args.reference)):
         _check_device(flag, device)
-    if args.json not in (None, "-") and not Path(args.json).parent.is_dir():
-        raise UsageError(f"--json {args.json}: its folder {Path(args.json).parent} does not exist; nothing was checked")
+    problem = json_destination_problem(args.json)
+    if problem is not None:
+        raise UsageError(f"{problem}; nothing was checked")
     candidate = Target(
         args.device, native=not args.candidate_fallback, perturb_ulps=args.perturb_ulps, backend=args.candidate_backend
     )
@@ -149,12 +148,7 @@ def run_check_command(args: argparse.Namespace) -> int:
         args.vllm_stock,
         on_section=say_section,
     )
-    if args.json == "-":
-        print(json.dumps(report, default=float))
-    else:
-        if args.json is not None:
-            Path(args.json).write_text(json.dumps(report, default=float) + "\n")
-        print_report(report)
+    show_results(args.json, report, lambda: print_report(report))
     return 0 if report["passed"] else 1
 
 

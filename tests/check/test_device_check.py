@@ -9,6 +9,7 @@ a candidate that is simply wrong (which must be flagged). The CUDA tests skip cl
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from specverify.check import parity
 from specverify.check.__main__ import main as check_main
 from specverify.check.parity import boundary_cases, parity_cases, parity_check
-from specverify.check.report import SECTION_WORK
+from specverify.check.report import SECTION_WORK, print_report
 from specverify.check.targets import Target
 from tests.support.backends import HAS_CUDA, native_available
 from tests.support.paths import SRC
@@ -187,3 +188,18 @@ def test_the_timing_section_can_meter_the_triton_kernels_traffic():
     assert 2.0 <= passes["argmax, validate=False"] <= 8.0, passes
     for mode in ("argmax", "all greedy"):  # validating reads the logits once more (the value scan)
         assert 0.95 <= passes[f"{mode}, validate=True"] - passes[f"{mode}, validate=False"] <= 1.05, passes
+
+
+def test_the_report_fits_80_columns_with_the_gpu_s_traffic_column(capsys):
+    """On a GPU the timing table gains each case's passes over the logits (metered under Triton's interpreter):
+    the report still fits 80 columns."""
+    code = check_main(["--device", "cpu", "--quick", "--sections", "timing", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for case in report["timing"]["cases"].values():
+        case["passes"] = 17.25
+    report["timing"]["traffic_shape"] = {"B": 2, "K": 4, "V": 16384}
+    out = io.StringIO()
+    print_report(report, out)
+    lines = out.getvalue().splitlines()
+    assert any(line.endswith("17.25 passes") for line in lines) and max(map(len, lines)) <= 80, lines

@@ -141,7 +141,7 @@ def _print_timing(t: dict, out) -> None:
     for name, case in t["cases"].items():
         passes = f"  {case['passes']:>6.2f} passes" if "passes" in case else ""
         print(
-            f"    {name:<32} {case['median_ms']:>9.3f} ms  {case['x_read_floor']:>6.2f}x  {case['x_softmax']:>5.2f}x"
+            f"    {name:<28} {case['median_ms']:>9.3f} ms  {case['x_read_floor']:>6.2f}x  {case['x_softmax']:>5.2f}x"
             f"{passes}",
             file=out,
         )

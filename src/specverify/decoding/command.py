@@ -200,14 +200,17 @@ def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, on_ste
             compare=args.compare,
             around_plain=lambda: progress.step("decoding again without speculation"),
         )
-    except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
+    except GrammarDeadEnd as err:
+        origin = requests[err.row].origin if err.row is not None else ""
+        raise _request_error(args, f"{origin}: {err.reason}" if origin else err) from None
+    except (GrammarError, ContextOverflow) as err:
         raise _request_error(args, err) from None
 
 
-def _request_error(args: argparse.Namespace, err: Exception) -> UsageError:
+def _request_error(args: argparse.Namespace, err: Exception | str) -> UsageError:
     """An error about a request as the command shows it: with --requests, every request is a line of the
-    file and the message (which names it, "line 3: ...") begins with the flag and file, as the file's own
-    errors do (`settings`): one way of naming a line everywhere."""
+    file and the message (which names it by its `Request.origin`, "line 3: ...") begins with the flag and
+    file, as the file's own errors do (`settings`): one way of naming a line everywhere."""
     return UsageError(f"--requests {args.requests}: {err}" if args.requests is not None else str(err))
 
 

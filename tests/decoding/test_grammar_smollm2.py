@@ -26,8 +26,8 @@ SCHEMA_FILE = ROOT / "examples" / "person.schema.json"
 
 @pytest.fixture(scope="module")
 def grammar(smollm2):
-    pytest.importorskip("llguidance", reason="llguidance is not installed (pip install 'specverify[demo]')")
-    pytest.importorskip("jsonschema", reason="jsonschema is not installed (pip install 'specverify[demo]')")
+    pytest.importorskip("llguidance", reason="llguidance is not installed (pip install -e '.[demo]')")
+    pytest.importorskip("jsonschema", reason="jsonschema is not installed (pip install -e '.[demo]')")
     compiler = GrammarCompiler(smollm2.tokenizer.tokenizer, smollm2.model.vocab_size, smollm2.tokenizer.stop_tokens)
     return compiler.json_schema(read_schema(SCHEMA_FILE))
 

@@ -18,7 +18,7 @@ from specverify.decoding.engines import loading, model_cache
 from specverify.decoding.examples import EXAMPLES
 from tests.support.command_line import run
 
-llamacpp = pytest.importorskip("specverify.decoding.engines.llamacpp", reason="pip install 'specverify[llamacpp]'")
+llamacpp = pytest.importorskip("specverify.decoding.engines.llamacpp", reason="pip install -e '.[llamacpp]'")
 
 #: One token evaluated alone or inside a batch, on the shipped Q4_1 weights: measured bit-identical here
 #: (with flash attention and without the extra buffers llama.cpp computes each row alike for any width;

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("stock", [False, True], ids=["plug-in", "stock vLLM"])
 def test_the_check_passes_with_the_plugin_and_fails_on_stock_vllm(stock, tmp_path):
     python = support.require_vllm()
+    result = tmp_path / "check.json"
     argv = [str(python), "-m", "specverify.check", "--sections", "vllm", "--vllm-model", str(support.model_folder())]
+    argv += ["--json", str(result)]
     done = subprocess.run(
         [*argv, *(["--vllm-stock"] if stock else [])],
         cwd=tmp_path,
@@ -27,7 +29,7 @@ def test_the_check_passes_with_the_plugin_and_fails_on_stock_vllm(stock, tmp_pat
         text=True,
         timeout=1500,
     )
-    report = json.loads(done.stdout.strip().splitlines()[-1])["vllm"]
+    report = json.loads(result.read_text())["vllm"]
     assert "requests" in report, done.stdout[-3000:] + done.stderr[-3000:]
     identical = [request["identical"] for request in report["requests"]]
     if stock:

@@ -160,9 +160,11 @@ def test_bench_says_which_backend_ran(name, capsys):
             == 0
         )
     lines = capsys.readouterr().out.strip().splitlines()
-    config = json.loads(lines[-1])["config"]
-    assert config["backend"] == name and config["kernels"].startswith(name)
     assert any(line.startswith(f"backend: {name}") for line in lines)
+    with backend_path(name):
+        assert main(["bench", "-B", "2", "-K", "1", "-V", "64", "--repeats", "1", "--modes", "greedy", "--json"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config["backend"] == name and config["kernels"].startswith(name)
 
 
 def test_bench_refuses_a_device_it_cannot_use(capsys):

@@ -4,7 +4,7 @@ run, so building the `specverify` parser stays cheap.
     specverify check                        # the device at hand: on cuda (Triton kernels) against the CPU, or
                                             # on a machine without CUDA the CPU's kernels against its torch path
     python -m specverify.check --device cuda
-                                            # on cuda, against the CPU; exits 0 with a message without CUDA
+                                            # on cuda, against the CPU; without CUDA: one line, exit 2
     python -m specverify.check --quick      # smaller sizes (about a minute on a GPU, plus Triton's compiles)
     python -m specverify.check --candidate-backend torch --quick
                                             # the torch reference path on CUDA instead
@@ -21,16 +21,18 @@ On the GPU machine, with the project's sources on the path (no install needed), 
 from __future__ import annotations
 
 import argparse
-import json
+
+from ..usage import JSON_TO_STDOUT, UsageError, json_destination_problem, show_results
 
 DESCRIPTION = (
     "Check specverify on the device at hand (the candidate: CUDA where there is one, else the CPU): "
     "truncated_probs against the float64 oracle (exactness), committed tokens against exact laws by chi-square, "
     "with power (statistics), every token against the same call on a reference (the CPU; on the CPU, its torch "
     "reference path), each difference classified (parity), and the cost of a call beside one read of the "
-    "logits (timing); where vLLM is installed, its engine with the specverify plug-in, seeded requests compared with n-gram "
-    "speculation on and off (vllm). The last line of the output is one JSON object with every result. Exit status 0 when "
-    "every check passed (or --device cuda finds no CUDA device), 1 when one failed, 2 on bad arguments."
+    "logits (timing); where vLLM is installed, its engine with the specverify plug-in, seeded requests compared "
+    "with n-gram speculation on and off (vllm). A line on stderr as each section starts; the summary last; the "
+    "whole report as JSON with --json. Exit status 0 when every section run passed, 1 when one failed or none "
+    "could run, 2 on bad arguments or a device that is not there."
 )
 SECTIONS = ("exactness", "statistics", "parity", "timing", "vllm")
 
@@ -95,6 +97,13 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
         "SmolLM2 from the model cache)",
     )
     parser.add_argument(
+        "--json",
+        nargs="?",
+        const=JSON_TO_STDOUT,
+        metavar="FILE",
+        help="the whole report as one JSON object: on stdout instead of the summary, or written to FILE",
+    )
+    parser.add_argument(
         "--vllm-stock",
         action="store_true",
         help="self-test of the vllm section: the same comparison on stock vLLM, without the plug-in (expected to fail)",
@@ -103,11 +112,12 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_check_command(args: argparse.Namespace) -> int:
-    """Run the device check with parsed arguments -> exit status (0 pass or no CUDA device, 1 fail, 2 an
-    unusable device). Prints the report, then its JSON on the last line."""
+    """Run the device check with parsed arguments -> exit status (0 every section run passed, 1 one failed or
+    none ran). A line on stderr as each section starts, then the summary on stdout (or the JSON, --json).
+    Raises UsageError naming the flag when a device asked for is not there."""
     import torch
 
-    from .report import print_report, run_checks
+    from .report import print_report, run_checks, say_section
     from .targets import Target
 
     reference_fallback = args.reference_fallback
@@ -116,21 +126,11 @@ def run_check_command(args: argparse.Namespace) -> int:
         reference_fallback = reference_fallback or (
             args.device == "cpu" and args.reference == "cpu" and not args.candidate_fallback
         )
-    for device in (args.device, args.reference):
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            print(
-                f"specverify check: no CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False); "
-                "nothing was checked. Use --device cpu --candidate-fallback to run the same checks on the CPU."
-            )
-            print(json.dumps(dict(skipped=True, reason="no CUDA device", passed=True)))
-            return 0
-        try:
-            torch.empty(1, device=device)
-        except (RuntimeError, AssertionError) as error:
-            print(f"specverify check: cannot use device {device!r}: {error}")
-            print(json.dumps(dict(skipped=True, reason=f"device {device} unusable", passed=False)))
-            return 2
-
+    for flag, device in (("--device", args.device), ("--reference", args.reference)):
+        _check_device(flag, device)
+    problem = json_destination_problem(args.json)
+    if problem is not None:
+        raise UsageError(f"{problem}; nothing was checked")
     candidate = Target(
         args.device, native=not args.candidate_fallback, perturb_ulps=args.perturb_ulps, backend=args.candidate_backend
     )
@@ -146,7 +146,24 @@ def run_check_command(args: argparse.Namespace) -> int:
         args.sections,
         args.vllm_model,
         args.vllm_stock,
+        on_section=say_section,
     )
-    print_report(report)
-    print(json.dumps(report, default=float))
+    show_results(args.json, report, lambda: print_report(report))
     return 0 if report["passed"] else 1
+
+
+def _check_device(flag: str, device: str) -> None:
+    """Raise UsageError naming the flag and the device unless tensors can be made on it."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(
+            f"{flag} {device}: no CUDA device on this machine (torch {torch.__version__}: torch.cuda.is_available() "
+            "is False); nothing was checked (--device cpu checks the CPU)"
+        )
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise UsageError(
+            f"{flag} {device}: not usable here ({str(error).splitlines()[0]}); nothing was checked"
+        ) from None

@@ -38,15 +38,14 @@ def interpreted_passes(modes: list[str]) -> dict[str, float]:
         "-c",
         "import sys; from specverify.cli import main; sys.exit(main(sys.argv[1:]))",
         *("bench", "--device", "cpu", "--traffic", "--repeats", "1", "--modes", ",".join(modes)),
-        *("--batch", str(batch), "--drafts", str(positions), "--vocab", str(vocab)),
+        *("--batch", str(batch), "--drafts", str(positions), "--vocab", str(vocab), "--json"),
     ]
     environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=TRAFFIC_TIMEOUT)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
+    if done.returncode != 0 or not done.stdout.strip():
         last = (done.stderr or done.stdout).strip().splitlines()
         raise RuntimeError(f"the traffic meter failed (exit {done.returncode}): {last[-1] if last else 'no output'}")
-    cases = json.loads(lines[-1])["cases"]
+    cases = json.loads(done.stdout)["cases"]
     return {name: case["passes"] for name, case in cases.items() if "passes" in case}
 
 

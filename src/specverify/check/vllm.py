@@ -1,5 +1,5 @@
 """The device check's vllm section: the plug-in end to end where vLLM is installed
-(`integrations.vllm.check`), and its line of the report."""
+(`integrations.vllm.check`), and its lines of the report."""
 
 from __future__ import annotations
 
@@ -18,27 +18,28 @@ def vllm_section(model: str | None, stock: bool = False) -> dict:
         return {"passed": False, "failures": [str(error)]}
 
 
-def print_vllm(section: dict, out=None) -> None:
-    """The section's line (and one per differing request) for a person."""
-    out = out or sys.stdout
+def vllm_summary(section: dict) -> str:
+    """The section's summary line for a person (after its verdict word)."""
     if "skipped" in section:
-        print(f"  vllm        SKIP  {section['skipped']}", file=out)
-        return
+        return f"SKIP  {section['skipped']}"
     if "requests" not in section:  # the engine failed: the failure is printed with the others
-        print("  vllm        FAIL  the engine did not run", file=out)
-        return
+        return "FAIL  the engine did not run"
     requests = section["requests"]
     same = sum(request["identical"] for request in requests)
-    print(
-        f"  vllm        {'PASS' if section['passed'] else 'FAIL'}  {same} of {len(requests)} seeded requests identical "
-        f"with n-gram speculation (k={section['speculative']['num_speculative_tokens']}) on and off, "
-        f"{section['max_tokens']} tokens each, {section['dtype']}; {section['plug_in']}",
-        file=out,
+    return (
+        f"{'PASS' if section['passed'] else 'FAIL'}  {same} of {len(requests)} seeded requests identical with "
+        f"n-gram speculation (k={section['speculative']['num_speculative_tokens']}) on and off, "
+        f"{section['max_tokens']} tokens each, {section['dtype']}; {section['plug_in']}"
     )
-    for request in requests:
+
+
+def print_vllm_details(section: dict, out=None) -> None:
+    """A line per request whose text differs with speculation on and off (none when all are identical)."""
+    out = out or sys.stdout
+    for request in section.get("requests", []):
         if not request["identical"]:
             print(
-                f"    {request['params']}: differs from token {request['first_difference']} (on a GPU, logits that "
+                f"vllm: {request['params']}: differs from token {request['first_difference']} (on a GPU, logits that "
                 "change with the batch shape can do this with no sampler at fault)",
                 file=out,
             )

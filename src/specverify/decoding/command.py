@@ -7,6 +7,7 @@ drafter named (`drafting.registry`), the requests decoded as one batch (`batch`)
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -133,14 +134,12 @@ def run_generate_command(args: argparse.Namespace) -> int:
     """Run a parsed `generate` command -> exit status 0 (a UsageError for a mistake the user can fix)."""
     settings = generate_settings(args)
     torch.set_num_threads(torch_threads(args.engine, args.threads))
+    from rich.console import Console
+
     from .report import LEGEND, BatchProgress, Progress, StreamPrinter, json_report, print_results
 
-    console = None
-    if not args.json:
-        from rich.console import Console
-
-        console = Console(highlight=False)
-    with Progress(console) as progress:
+    console = None if args.json else Console(highlight=False)
+    with Progress(console or _json_progress_console()) as progress:
         target, drafter = _load_models(args, settings, progress)
         single, requests = settings.single, settings.requests
         on_step = None
@@ -160,6 +159,8 @@ def run_generate_command(args: argparse.Namespace) -> int:
             on_step = (
                 StreamPrinter(target.tokenizer, console, progress) if single else BatchProgress(len(requests), progress)
             )
+        else:
+            on_step = BatchProgress(len(requests), progress)  # --json: the tokens committed so far, on stderr
         progress.show(WARMING_UP)
         run = _decode(args, target, drafter, requests, settings.relaxed, on_step, progress)
         progress.done()
@@ -168,6 +169,14 @@ def run_generate_command(args: argparse.Namespace) -> int:
         else:
             print_results(console, run, settings.relaxed is not None, single, args.details)
     return 0
+
+
+def _json_progress_console():
+    """Where --json shows its steps (loading, warming up, decoding) while stdout waits for the one JSON object:
+    stderr, when a person watches it (a terminal); a piped stderr stays quiet."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False) if sys.stderr.isatty() else None
 
 
 #: What a person sees between loading and the first token (the first run of a machine builds the kernels and
@@ -191,8 +200,18 @@ def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, on_ste
             compare=args.compare,
             around_plain=lambda: progress.step("decoding again without speculation"),
         )
-    except (GrammarError, GrammarDeadEnd, ContextOverflow) as err:
-        raise UsageError(str(err)) from None
+    except GrammarDeadEnd as err:
+        origin = requests[err.row].origin if err.row is not None else ""
+        raise _request_error(args, f"{origin}: {err.reason}" if origin else err) from None
+    except (GrammarError, ContextOverflow) as err:
+        raise _request_error(args, err) from None
+
+
+def _request_error(args: argparse.Namespace, err: Exception | str) -> UsageError:
+    """An error about a request as the command shows it: with --requests, every request is a line of the
+    file and the message (which names it by its `Request.origin`, "line 3: ...") begins with the flag and
+    file, as the file's own errors do (`settings`): one way of naming a line everywhere."""
+    return UsageError(f"--requests {args.requests}: {err}" if args.requests is not None else str(err))
 
 
 def _thinking_regions(args: argparse.Namespace, target):
@@ -223,10 +242,14 @@ def _load_models(args: argparse.Namespace, settings: GenerateSettings, progress)
     requests = settings.requests
     try:
         check_prompts_fit(
-            locate_model(args.model), args.engine, [r.prompt for r in requests], [r.max_tokens for r in requests]
+            locate_model(args.model),
+            args.engine,
+            [r.prompt for r in requests],
+            [r.max_tokens for r in requests],
+            [r.origin for r in requests],
         )
     except ContextOverflow as err:
-        raise UsageError(str(err)) from None
+        raise _request_error(args, err) from None
     except ValueError as err:  # a .gguf file that is not GGUF, or ends inside its header
         raise UsageError(f"--model: {err}") from None
     engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}

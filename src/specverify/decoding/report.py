@@ -138,7 +138,8 @@ class BatchProgress:
 
     def __call__(self, event: StepEvent) -> None:
         self._tokens += len(event.tokens)
-        message = f"decoding {self._requests} requests: {self._tokens} tokens committed"
+        requests = f"{self._requests} request" + "s" * (self._requests != 1)
+        message = f"decoding {requests}: {self._tokens} tokens committed"
         if not self._started:
             self._progress.done()
             self._progress.show(message)

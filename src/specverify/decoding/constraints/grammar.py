@@ -135,7 +135,13 @@ def grammar_rows(grammar: Grammar | Sequence[Grammar | None] | None, batch: int)
 
 
 class GrammarDeadEnd(ValueError):
-    """The grammar cannot be continued: the tokenizer has no token for any text the grammar allows next."""
+    """The grammar cannot be continued: the tokenizer has no token for any text the grammar allows next.
+    row: the request's row in the batch ("request {row}: " begins the message), where known; reason: the
+    message without it."""
+
+    def __init__(self, reason: str, row: int | None = None):
+        super().__init__(reason if row is None else f"request {row}: {reason}")
+        self.reason, self.row = reason, row
 
 
 def _draft_masks(grammar: Grammar, matcher, draft: list[int]) -> tuple[int, torch.Tensor]:
@@ -210,7 +216,7 @@ class GrammarMatchers:
             try:
                 kept, masks = _draft_masks(grammar, matcher, drafts[b, : int(lengths[b])].tolist())
             except GrammarDeadEnd as err:
-                raise GrammarDeadEnd(f"request {b}: {err}") from None
+                raise GrammarDeadEnd(err.reason, row=b) from None
             out[b, : kept + 1, : masks.shape[-1]] = masks
             out[b, : kept + 1, masks.shape[-1] :] = 0
             out[b, kept + 1 :] = out[b, kept]

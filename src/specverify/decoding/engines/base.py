@@ -83,21 +83,26 @@ def check_context(model: LanguageModel, prompts, max_tokens: Sequence[int]) -> N
     check_context_limit(getattr(model, "max_context", None), prompts, max_tokens)
 
 
-def check_context_limit(limit: int | None, prompts, max_tokens: Sequence[int]) -> None:
+def check_context_limit(
+    limit: int | None, prompts, max_tokens: Sequence[int], origins: Sequence[str] | None = None
+) -> None:
     """Raise ContextOverflow when a prompt's length plus max_tokens exceeds limit positions (None: no limit;
     a row's last generated token is never fed to the model, but a context of prompt + max_tokens must fit,
     as in vLLM's max_model_len). Nothing is truncated: truncating a prompt silently changes the answer.
 
-    prompts: B token-id lists; max_tokens: B ints >= 0.
+    prompts: B token-id lists; max_tokens: B ints >= 0; origins: where each row came from, to begin its
+    message as every error of a request does ("line 3" of a requests file: `Request.origin`; "" for a prompt
+    given alone); without them the message ends "(at row i)", as the library's errors do (SPEC §6).
     """
     if limit is None:
         return
     for row, (prompt, budget) in enumerate(zip(prompts, max_tokens)):
         if len(prompt) + budget > limit:
+            where = f" (at row {row})" if origins is None else ""
             raise ContextOverflow(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({budget}) = {len(prompt) + budget} "
-                f"exceeds the model's context of {limit} tokens (at row {row}); shorten the prompt or "
-                f"lower max_tokens"
+                (f"{origins[row]}: " if origins and origins[row] else "")
+                + f"prompt ({len(prompt)} tokens) + max_tokens ({budget}) = {len(prompt) + budget} exceeds the "
+                f"model's context of {limit} tokens{where}; shorten the prompt or lower max_tokens"
             )
 
 

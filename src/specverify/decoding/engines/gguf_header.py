@@ -16,35 +16,44 @@ reading stops once every key asked for is found, before the tensor infos.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from gguf.constants import GGUF_MAGIC, GGUFValueType, Keys
-from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
 
-#: The struct code of each fixed-size value type (strings and arrays are read by `_Header`).
-_SCALARS = {
-    GGUFValueType.UINT8: "B",
-    GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I",
-    GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT64: "d",
-}
+@functools.cache
+def _scalars() -> dict[int, str]:
+    """The struct code of each fixed-size value type (strings and arrays are read by `_Header`). gguf (the
+    demo extra) is imported when a header is first read, so importing this module, and with it
+    `specverify.decoding`, needs no extra."""
+    from gguf.constants import GGUFValueType
+
+    return {
+        GGUFValueType.UINT8: "B",
+        GGUFValueType.INT8: "b",
+        GGUFValueType.UINT16: "H",
+        GGUFValueType.INT16: "h",
+        GGUFValueType.UINT32: "I",
+        GGUFValueType.INT32: "i",
+        GGUFValueType.FLOAT32: "f",
+        GGUFValueType.BOOL: "?",
+        GGUFValueType.UINT64: "Q",
+        GGUFValueType.INT64: "q",
+        GGUFValueType.FLOAT64: "d",
+    }
 
 
 class _Header:
     """A GGUF file's header read in order from an open binary file; `order` is struct's byte order."""
 
     def __init__(self, file: BinaryIO, path: Path):
+        from gguf.constants import GGUF_MAGIC, GGUFValueType
+        from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
+
         self._file, self._path = file, path
+        self._types, self._scalars = GGUFValueType, _scalars()
         magic, version = struct.unpack("<II", self._read(8))
         if magic != GGUF_MAGIC:
             raise ValueError(f"{str(path)!r} is not a GGUF file (its first bytes are not 'GGUF')")
@@ -78,21 +87,22 @@ class _Header:
 
     def value(self, kind: int, keep: bool):
         """The next value, of value type `kind`: decoded when keep, else skipped (None)."""
-        if kind in _SCALARS:
-            code = _SCALARS[kind]
+        scalars = self._scalars
+        if kind in scalars:
+            code = scalars[kind]
             if keep:
                 return self._unpack(code)[0]
             self._file.seek(struct.calcsize(code), 1)
             return None
-        if kind == GGUFValueType.STRING:
+        if kind == self._types.STRING:
             if keep:
                 return self.string()
             self._file.seek(self._unpack("Q")[0], 1)
             return None
-        if kind == GGUFValueType.ARRAY:
+        if kind == self._types.ARRAY:
             item, count = self._unpack("IQ")
-            if not keep and item in _SCALARS:
-                self._file.seek(count * struct.calcsize(_SCALARS[item]), 1)
+            if not keep and item in scalars:
+                self._file.seek(count * struct.calcsize(scalars[item]), 1)
                 return None
             values = [self.value(item, keep) for _ in range(count)]
             return values if keep else None
@@ -125,6 +135,8 @@ def context_length(path: str | Path) -> int | None:
     """The training context of a GGUF model, `<general.architecture>.context_length` (what llama.cpp
     reads as n_ctx_train and transformers as the config's max_position_embeddings), or None if the
     header has none."""
+    from gguf.constants import Keys
+
     architecture = Keys.General.ARCHITECTURE
 
     def key(values: dict) -> str | None:

@@ -214,17 +214,19 @@ def converts_on_load(name: str, engine: str, f16: bool = False) -> bool:
     return not model_cache.is_complete(model_cache.entry_folder(path, version))
 
 
-def check_prompts_fit(path: Path, engine: str, prompts: Sequence[str], max_tokens: Sequence[int]) -> None:
+def check_prompts_fit(
+    path: Path, engine: str, prompts: Sequence[str], max_tokens: Sequence[int], origins: Sequence[str] | None = None
+) -> None:
     """Raise ContextOverflow when a prompt, chat-templated, plus its max_tokens exceeds the context the
-    model at path (see locate_model) will have on the engine: `base.check_context`'s rule and message, row
-    i being prompts[i], checked without loading the weights (the engine's context length from the model's
+    model at path (see locate_model) will have on the engine: `base.check_context_limit`'s rule and message,
+    row i being prompts[i] and named by origins[i] (default "row i"), checked without loading the weights (the engine's context length from the model's
     config or GGUF header, the token counts from its tokenizer alone: `chat_tokenizer`). The decoding loop
     checks the loaded model again (`check_context`)."""
     limit = ENGINES[engine].context_length(path)
     if limit is None:
         return
     tokenizer = chat_tokenizer(path)
-    check_context_limit(limit, [tokenizer.encode_chat(prompt) for prompt in prompts], max_tokens)
+    check_context_limit(limit, [tokenizer.encode_chat(prompt) for prompt in prompts], max_tokens, origins)
 
 
 def chat_tokenizer(path: Path) -> ChatTokenizer:

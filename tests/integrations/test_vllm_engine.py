@@ -3,7 +3,8 @@ equals stock vLLM without speculation; in a mixed batch every seeded request equ
 run with speculation off and with another draft length; logprobs still come back; min_p is allowed with
 speculation and logit_bias refused; penalties and a grammar (regex) hold under speculation; the children of
 an n = 4 request are the requests with seeds seed + i, differ, and draw independently (SPEC §4
-`request_seed`); stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
+`request_seed`); a draft model (the target as its own greedy draft) commits every seeded request's plain
+tokens; stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
 naming the option. Each engine runs its whole workload once (module fixtures, one engine at
 a time) and the tests compare the recorded outputs.
 """
@@ -147,6 +148,14 @@ def other_k(tmp_path_factory) -> dict:
     """The plug-in on, n-gram speculation with k = 2."""
     ngram2 = {**support.NGRAM, "num_speculative_tokens": 2, "prompt_lookup_max": 2}
     return _engine(tmp_path_factory, "plugin-ngram2", ngram2, True, {"mixed": _workload(solo=False)["mixed"]})
+
+
+@pytest.fixture(scope="module")
+def draft_model(tmp_path_factory) -> dict:
+    """The plug-in on, method="draft_model" with the target itself as its draft (greedy drafts, so argmax
+    mode; a draft that agrees often, so the mechanics are exercised), k = 3."""
+    speculative = {"method": "draft_model", "model": str(support.model_folder()), "num_speculative_tokens": 3}
+    return _engine(tmp_path_factory, "plugin-draft-model", speculative, True, {"mixed": _workload(solo=False)["mixed"]})
 
 
 @pytest.fixture(scope="module")
@@ -323,3 +332,13 @@ def test_a_sampler_call_from_an_unknown_call_site_raises_instead_of_keying_every
         s.startswith("HookError: a sampler was called outside GPUModelRunner._sample and "
                      "GPUModelRunner._dummy_sampler_run") for s in seen
     ), seen  # fmt: skip
+
+
+def test_a_draft_model_gives_every_seeded_request_its_tokens_without_speculation(draft_model, plain):
+    """method="draft_model" with greedy drafts: drafts proposed and accepted, and each seeded request of the
+    mixed batch (greedy, top-p, top-k, min-p, penalties, a grammar, logprobs) commits its plain tokens."""
+    support.assert_speculated(draft_model, "mixed")
+    support.assert_hooked_in_every_worker(draft_model)
+    ours, reference = _ids(draft_model, "mixed"), _ids(plain, "mixed")
+    for index, (_, params) in enumerate(MIXED):
+        assert len(reference[index]) >= 8 and ours[index] == reference[index], f"request {index} {params}"

@@ -27,15 +27,7 @@ def _requests() -> list[dict]:
 @pytest.fixture(scope="module")
 def one_engine_plain(tmp_path_factory) -> list[list[int]]:
     """The requests' token ids from one engine with the plug-in and no speculation (LLM.generate)."""
-    support.require_vllm()
-    batch = [
-        {"prompt": body["prompt"], "params": {k: v for k, v in body.items() if k not in ("model", "prompt", "return_token_ids")}}
-        for body in _requests()
-    ]  # fmt: skip
-    engine = support.engine_arguments(support.model_folder(), None)
-    status, result, output = support.run_job(engine, {"load": batch}, tmp_path_factory.mktemp("dp-ref"), plugin=True)
-    assert status == 0 and result is not None, output[-6000:]
-    return [completion["token_ids"] for completion in result["batches"]["load"]]
+    return support.plain_token_ids(_requests(), tmp_path_factory.mktemp("dp-ref"))
 
 
 @pytest.fixture(scope="module")

@@ -37,15 +37,7 @@ def _requests() -> list[dict]:
 @pytest.fixture(scope="module")
 def roomy_plain(tmp_path_factory) -> list[list[int]]:
     """The requests' token ids from one engine with the plug-in, no speculation and the default KV cache."""
-    support.require_vllm()
-    batch = [
-        {"prompt": body["prompt"], "params": {k: v for k, v in body.items() if k not in ("model", "prompt", "return_token_ids")}}
-        for body in _requests()
-    ]  # fmt: skip
-    engine = support.engine_arguments(support.model_folder(), None)
-    status, result, output = support.run_job(engine, {"load": batch}, tmp_path_factory.mktemp("roomy"), plugin=True)
-    assert status == 0 and result is not None, output[-6000:]
-    return [completion["token_ids"] for completion in result["batches"]["load"]]
+    return support.plain_token_ids(_requests(), tmp_path_factory.mktemp("roomy"))
 
 
 @pytest.fixture(scope="module")

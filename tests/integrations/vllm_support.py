@@ -239,3 +239,15 @@ def metric_values(server: Server, name: str) -> list[float]:
         for line in text.splitlines()
         if line.startswith(name + "{") or line.startswith(name + " ")
     ]
+
+
+def plain_token_ids(bodies: list[dict], folder: Path) -> list[list[int]]:
+    """The token ids one engine with the plug-in and no speculation gives completion requests (OpenAI
+    bodies, run offline with LLM.generate): the reference of a server test. folder: a scratch folder."""
+    require_vllm()
+    server_only = ("model", "prompt", "return_token_ids")
+    batch = [{"prompt": b["prompt"], "params": {k: v for k, v in b.items() if k not in server_only}} for b in bodies]
+    engine = engine_arguments(model_folder(), None)
+    status, result, output = run_job(engine, {"load": batch}, folder, plugin=True)
+    assert status == 0 and result is not None, output[-6000:]
+    return [completion["token_ids"] for completion in result["batches"]["load"]]

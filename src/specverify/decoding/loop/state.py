@@ -61,7 +61,8 @@ class BatchState:
 
     def seeds(self) -> torch.Tensor:
         """int64 [B]: the verifier's per-request seed, the key of each row's next token (SPEC §4)."""
-        return request_seed(self.base_seeds, torch.tensor([len(g) for g in self.generated], dtype=torch.int64))
+        counts = torch.tensor([len(g) for g in self.generated], dtype=torch.int64)  # lengths: valid by construction
+        return request_seed(self.base_seeds, counts, validate=False)
 
     def last_tokens(self) -> torch.Tensor:
         """int64 [B, 1]: each running row's last context token (not yet in the cache); -1 for finished rows."""

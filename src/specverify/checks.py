@@ -215,18 +215,17 @@ def _scan_logits(logits: torch.Tensor, in_use: torch.Tensor | None) -> tuple[tor
     """One streaming pass over the (row, position) pairs in use -> (holds NaN or +inf, holds nothing above
     -inf), bool [B, P] or [N], False where not in use; None where neither holds anywhere (known at once
     from a compiled scan of every row). logits: float [B, P, V] or [N, V]; in_use: bool [B, P] or None.
-    A compiled backend scans the bit patterns (kernels.scan_rows, rows not in use not read); the torch
-    reference takes one max reduction (it propagates NaN and +inf)."""
+    The backend's scan_rows does the pass (a compiled one on the bit patterns, rows not in use not read;
+    the torch reference by one max reduction, which propagates NaN and +inf)."""
     shape, vocab = logits.shape[:-1], logits.shape[-1]
-    if logits.numel() and kernels.backend_for(logits).compiled:
-        flags = kernels.scan_rows(logits.reshape(-1, vocab), None if in_use is None else in_use.reshape(-1))
-        if in_use is None and _all_clear(flags):
-            return None
-        flags = flags.view(shape)
-        bad, empty = (flags & kernels.HOLDS_NAN_OR_INF) != 0, (flags & kernels.HOLDS_ABOVE_MINUS_INF) == 0
-    else:
-        top = logits.amax(-1)
-        bad, empty = torch.isnan(top) | (top == float("inf")), top == float("-inf")
+    if not logits.numel():
+        return None
+    rows = logits.reshape(-1, vocab)
+    flags = kernels.ops_for(rows).scan_rows(rows, None if in_use is None else in_use.reshape(-1))
+    if in_use is None and _all_clear(flags):
+        return None
+    flags = flags.view(shape)
+    bad, empty = (flags & kernels.HOLDS_NAN_OR_INF) != 0, (flags & kernels.HOLDS_ABOVE_MINUS_INF) == 0
     return _in_use(bad, in_use), _in_use(empty, in_use)
 
 

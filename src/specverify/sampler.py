@@ -56,8 +56,6 @@ class _Plan:
     stochastic_rows: tuple[int, ...] | None  # rows sampled from p~ (None: all rows, not known on the host)
     greedy_rows: tuple[int, ...] | None  # greedy rows (None: all rows)
     relaxed_rows: tuple[int, ...] | None  # relaxed rows (None: all rows)
-    top_p: bool  # some row may have top_p < 1
-    max_k: int | None  # the largest limited top_k, when known
     reads_host: bool = False  # small tensors may be read to the host (a validating call)
 
 
@@ -78,17 +76,13 @@ def _hint(name: str, value: object, validate: bool, kind: type) -> int | float |
     return value
 
 
-def _check_max_k(max_k: int | None, top_k: list[int] | None, vocab: int, validate: bool) -> int | None:
-    """max_k is -1 when some row has no top-k limit, else -1 or at least the largest top_k.
-
-    top_k: the rows' top_k read to the host (needed only when validating). Returns the largest top_k
-    below V among the limited rows when known (the size of a topk window).
-    """
+def _check_max_k(max_k: int | None, top_k: list[int] | None, validate: bool) -> None:
+    """max_k is -1 when some row has no top-k limit, else -1 or at least the largest top_k (MAX's hint: the
+    backends need no hint, but a wrong one is the caller's error). top_k: the rows' top_k read to the host
+    (needed only when validating)."""
     if max_k is not None and max_k != -1 and max_k < 1:
         raise ValueError(f"max_k must be -1 (some row has no limit) or >= 1 (got {max_k})")
-    if not validate:
-        return max_k if max_k is not None and max_k > 0 else None
-    if max_k is not None and max_k != -1:
+    if validate and max_k is not None and max_k != -1:
         unlimited = [row for row, k in enumerate(top_k) if k <= 0]
         if unlimited:
             row = unlimited[0]
@@ -98,23 +92,20 @@ def _check_max_k(max_k: int | None, top_k: list[int] | None, vocab: int, validat
         largest = max(top_k, default=0)
         if max_k < largest:
             raise ValueError(f"max_k must be -1 or >= the largest top_k ({largest}) (got {max_k})")
-    return max((k for k in top_k if 0 < k < vocab), default=None)
 
 
-def _check_min_top_p(min_top_p: float | None, top_p: list[float] | None, validate: bool) -> bool:
-    """min_top_p is in (0, 1] and at most min(top_p). Returns whether some row may need a nucleus.
-
-    top_p: the rows' top_p read to the host (needed only when validating); a NaN makes the minimum NaN,
-    as torch's min does (the value check names it next)."""
+def _check_min_top_p(min_top_p: float | None, top_p: list[float] | None, validate: bool) -> None:
+    """min_top_p is in (0, 1] and at most min(top_p) (MAX's hint, checked as max_k is). top_p: the rows'
+    top_p read to the host (needed only when validating); a NaN makes the minimum NaN, as torch's min does
+    (the value check names it next)."""
     if min_top_p is not None and not (0 < min_top_p <= 1):
         raise ValueError(f"min_top_p must be in (0, 1] (got {min_top_p})")
     if not validate:
-        return min_top_p is None or min_top_p < 1
+        return
     smallest = math.nan if any(math.isnan(p) for p in top_p) else min(top_p, default=1.0)
     # compared in float32, the precision of top_p: a hint equal to the caller's top_p is consistent
     if min_top_p is not None and float(torch.tensor(min_top_p, dtype=torch.float32)) > smallest:
         raise ValueError(f"min_top_p must be <= min(top_p) = {smallest} (got {min_top_p})")
-    return smallest < 1
 
 
 def _check_relaxed(
@@ -210,8 +201,8 @@ def stochastic_acceptance_sampler(
     host = checks.host_values(temperature, top_k, top_p, min_p) if validate else None
     # the hints are checked against the rows' top_k and top_p, read to the host when validating
     top_k_values, top_p_values = host[1:3] if host else (top_k.tolist(), top_p.tolist()) if validate else (None, None)
-    max_k = _check_max_k(_hint("max_k", max_k, validate, int), top_k_values, vocab, validate)
-    needs_top_p = _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p_values, validate)
+    _check_max_k(_hint("max_k", max_k, validate, int), top_k_values, validate)
+    _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p_values, validate)
 
     # a small argmax-mode call on the CPU that checks values is judged on the host (_verify_read)
     on_host = (
@@ -257,7 +248,7 @@ def stochastic_acceptance_sampler(
         )
     if on_host:
         params = (temperature, top_k, top_p, min_p)
-        return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed), max_k, needs_top_p)
+        return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed))
     if validate:
         greedy = is_greedy(temperature).tolist()
         thinking = [False] * batch if in_thinking_phase is None else in_thinking_phase.tolist()
@@ -265,12 +256,10 @@ def stochastic_acceptance_sampler(
             stochastic_rows=tuple(row for row in range(batch) if not greedy[row]),
             greedy_rows=tuple(row for row in range(batch) if greedy[row]),
             relaxed_rows=tuple(row for row in range(batch) if thinking[row] and not greedy[row]),
-            top_p=needs_top_p,
-            max_k=max_k,
             reads_host=True,
         )
     else:
-        plan = _Plan(stochastic_rows=None, greedy_rows=None, relaxed_rows=None, top_p=needs_top_p, max_k=max_k)
+        plan = _Plan(stochastic_rows=None, greedy_rows=None, relaxed_rows=None)
 
     draft = _draft_or_padding(draft_tokens, vocab) if positions else draft_tokens.to(torch.int64)
     first, recovered, bonus = _verify(
@@ -296,8 +285,6 @@ def _verify_read(
     params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
     temperatures: list[float],
     seed: tuple[int | torch.Tensor, bool],
-    max_k: int | None,
-    use_top_p: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verdicts of a small argmax-mode batch on the CPU with its values read to the host (a checking
     call): the outputs of _verify bit for bit, with the bookkeeping on Python lists, since at such sizes the
@@ -306,7 +293,7 @@ def _verify_read(
     [B]; temperatures: the temperatures as a list; seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
     greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
     batch, per_position, vocab = masked.shape
-    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position, max_k, use_top_p)
+    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position)
     rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
     first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
     return (
@@ -447,10 +434,7 @@ def _stochastic_verdicts(
     if kernels.backend_for(masked).draws_rows:
         return _drawn_verdicts(draft, masked, temperature, top_k, top_p, min_p, seeds, draft_probs)
     weights, sums = truncated_weights(
-        masked.reshape(-1, vocab),
-        *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p)),
-        max_k=plan.max_k,
-        use_top_p=plan.top_p,
+        masked.reshape(-1, vocab), *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p))
     )
     keys = row_keys(seeds, per_position)
     uniform = keyed_uniform_read if plan.reads_host else keyed_uniform
@@ -496,7 +480,7 @@ def _drawn_verdicts(
     tokens, at_draft, accept_uniforms, sums, kept = drawn
     target_mass = total_weight(sums.view(batch, per_position, sums.shape[-1]))[:, :positions]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
-    drawn = kernels.recover_kept_rows(
+    drawn = kernels.ops_for(draft_probs).recover_kept_rows(
         kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)
     )
     return accepted, torch.where(accepted, draft, drawn), tokens.view(batch, per_position)[:, positions]

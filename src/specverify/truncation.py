@@ -3,9 +3,9 @@
 Internally every distribution is carried as unnormalised weights `exp((x - max x) / T)`, whose largest
 entry is exactly 1: top-k, top-p and min-p are thresholds on these weights (ties kept), so p~ is the
 weights at or above the highest of the three thresholds, renormalised. Greedy rows are one-hot at their
-argmax. No full-vocabulary sort is made: where a compiled backend runs (kernels/: C on the CPU, Triton
-on CUDA) one kernel per row computes the weights and their thresholds; the torch reference uses
-`torch.topk` when a small `max_k` is known and radix selection (selection.py) otherwise.
+argmax. The weights and their thresholds are the backend's `weigh_rows` (kernels/interface.py): one
+kernel per row where a compiled backend runs (C on the CPU, Triton on CUDA), torch ops without a
+full-vocabulary sort in the torch reference.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import block_size, block_sums, sample_from_weights, total_weight
+from .categorical import block_size, sample_from_weights, total_weight
 from .rng import (
     HOST_KEYS,
     STREAM_ACCEPT,
@@ -27,15 +27,12 @@ from .rng import (
     row_uniforms_read,
     stream_salt,
 )
-from .selection import largest_reaching_threshold
 
 #: Rows with temperature below this are greedy (SPEC §3.3).
 GREEDY_TEMPERATURE = 1e-5
 #: Boundaries given as fractions (top_p's mass, min_p's ratio) are met within this relative float32
 #: rounding, so that a token exactly on the boundary in exact arithmetic is kept (SPEC §2 steps 4-5).
 BOUNDARY_RTOL = 1e-6
-#: Above this many columns a top-k by `torch.topk` costs more than radix selection.
-TOPK_WINDOW_LIMIT = 4096
 
 
 def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
@@ -54,9 +51,10 @@ def is_greedy_value(temperature: float) -> bool:
 
 def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
-    if masked_logits.numel() and kernels.backend_for(masked_logits).compiled:
-        return kernels.argmax_rows(masked_logits.reshape(-1, masked_logits.shape[-1])).view(masked_logits.shape[:-1])
-    return torch.nan_to_num(masked_logits.float(), nan=float("-inf")).argmax(-1)
+    if not masked_logits.numel():
+        return torch.zeros(masked_logits.shape[:-1], dtype=torch.int64, device=masked_logits.device)
+    rows = masked_logits.reshape(-1, masked_logits.shape[-1])
+    return kernels.ops_for(rows).argmax_rows(rows).view(masked_logits.shape[:-1])
 
 
 _workspace = threading.local()
@@ -76,70 +74,6 @@ def scratch_weights(shape: torch.Size, device: torch.device) -> torch.Tensor:
             buffer = _workspace.buffer = torch.empty(numel, dtype=torch.float32, device=device)
         weights = _workspace.weights = buffer[:numel].view(shape)
     return weights
-
-
-def scaled_weights(logits: torch.Tensor, temperature: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """exp((x - max x) / T) in float32, the max entry exactly 1; greedy rows use T = 1 (they are not sampled).
-
-    logits: float32 [N, V] (masked: -inf for disallowed); temperature: float [N]; out: float32 [N, V],
-    written and returned.
-    """
-    top = logits.amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    inverse = 1.0 / torch.where(is_greedy(temperature), 1.0, temperature.float())[:, None]
-    return torch.sub(logits, top, out=out).mul_(inverse).exp_()
-
-
-def top_k_threshold(weights: torch.Tensor, top_k: torch.Tensor, max_k: int | None) -> torch.Tensor:
-    """The k-th largest weight of each row; 0 for rows without a limit (top_k <= 0 or >= V).
-
-    weights: float32 [N, V]; top_k: int64 [N]; max_k: the largest top_k when known and small enough to use
-    `torch.topk`, else None. Returns float32 [N].
-    """
-    vocab = weights.shape[-1]
-    limited = (top_k > 0) & (top_k < vocab)
-    k = torch.where(limited, top_k, 1)
-    if max_k is not None and 0 < max_k <= min(vocab, TOPK_WINDOW_LIMIT):
-        window = torch.topk(weights, max_k, dim=-1, sorted=True).values
-        kth = window.gather(1, (k - 1).clamp(max=max_k - 1)[:, None])[:, 0]
-    else:
-        kth = largest_reaching_threshold(weights, k.to(torch.float64))
-    return torch.where(limited, kth, torch.zeros_like(kth))
-
-
-def nucleus_threshold(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Smallest weight of the shortest most-likely prefix whose mass reaches top_p of the row's mass.
-
-    weights: float32 [N, V] (already top-k truncated); top_p: float [N] in (0, 1]. Returns float32 [N];
-    0 for rows with top_p >= 1 (nothing dropped).
-    """
-    mass = weights.sum(-1, dtype=torch.float64)
-    target = top_p.to(torch.float64) * mass * (1 - BOUNDARY_RTOL)
-    threshold = largest_reaching_threshold(weights, target, weights)
-    return torch.where(top_p >= 1, torch.zeros_like(threshold), threshold)
-
-
-def truncate_weights(
-    weights: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    max_k: int | None,
-    use_top_p: bool = True,
-) -> torch.Tensor:
-    """Zero every weight outside the kept set of SPEC §2 steps 3-5 (the torch path).
-
-    weights: float32 [N, V] -> truncated weights [N, V]. use_top_p: False when every row is known to have
-    top_p == 1.
-    """
-    threshold = top_k_threshold(weights, top_k, max_k)
-    if use_top_p:
-        after_top_k = torch.where(weights >= threshold[:, None], weights, 0.0)
-        threshold = torch.maximum(threshold, nucleus_threshold(after_top_k, top_p))
-    if min_p is not None:
-        # the largest weight is exactly 1, so min_p * max(p) is min_p itself
-        threshold = torch.maximum(threshold, min_p.float() * (1 - BOUNDARY_RTOL))
-    return torch.where(weights >= threshold[:, None], weights, 0.0)
 
 
 def _prepare(
@@ -181,42 +115,34 @@ def truncated_weights(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor | None,
-    max_k: int | None = None,
-    use_top_p: bool = True,
     source: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unnormalised p~ for checked arguments. masked_logits: [M, V]; params [N] ->
     (float32 weights [N, V], float64 block sums [N, ceil(V / block)]). Greedy rows are one-hot at their
     argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
-    does. source: int64 [N], the logits row of each output row, read in place by a compiled backend (no
+    does. source: int64 [N], the logits row of each output row, read in place where the backend can (no
     gathered copy); a negative one is skipped (zero sums, weights undefined: a draw from it gives a valid
     id), at next to no cost where the backend `skips_rows_cheaply`; None: row n is logits row n (M = N).
-    The weights may live in this thread's scratch buffer: use them before the next call. A compiled
-    backend (kernels/) does it all in one pass per row; the torch reference uses the hints."""
-    rows = masked_logits.shape[0] if source is None else source.shape[0]
-    out = scratch_weights(torch.Size((rows, masked_logits.shape[-1])), masked_logits.device)
-    if rows and masked_logits.numel() and kernels.backend_for(masked_logits).compiled:
-        sums = kernels.weigh_rows(
-            masked_logits.detach(),
-            temperature,
-            GREEDY_TEMPERATURE,
-            top_k,
-            top_p,
-            min_p,
-            BOUNDARY_RTOL,
-            block_size(masked_logits.shape[-1]),
-            out,
-            source,
-        )
-        return out, sums
-    x = masked_logits.detach() if source is None else masked_logits.detach().index_select(0, source.clamp(min=0))
-    x = x.float()
-    weights = scaled_weights(x, temperature, out)
-    truncated = truncate_weights(weights, top_k, top_p, min_p, max_k, use_top_p)
-    one_hot = torch.zeros_like(truncated).scatter_(1, greedy_tokens(x)[:, None], 1.0)
-    truncated = torch.where(is_greedy(temperature)[:, None], one_hot, truncated)
-    sums = block_sums(truncated)
-    return truncated, sums if source is None else sums.masked_fill_((source < 0)[:, None], 0.0)
+    The weights live in this thread's scratch buffer: use them before the next call. The backend's
+    weigh_rows (kernels/interface.py) does it all."""
+    rows, vocab = masked_logits.shape[0] if source is None else source.shape[0], masked_logits.shape[-1]
+    out = scratch_weights(torch.Size((rows, vocab)), masked_logits.device)
+    block = block_size(vocab)
+    if not rows:
+        return out, torch.zeros(0, -(-vocab // block), dtype=torch.float64, device=masked_logits.device)
+    sums = kernels.ops_for(masked_logits).weigh_rows(
+        masked_logits.detach(),
+        temperature,
+        GREEDY_TEMPERATURE,
+        top_k,
+        top_p,
+        min_p,
+        BOUNDARY_RTOL,
+        block,
+        out,
+        source,
+    )
+    return out, sums
 
 
 def target_draws(
@@ -238,7 +164,7 @@ def target_draws(
     part may live in this thread's scratch buffer: use it before the next call)."""
     vocab = masked_logits.shape[-1]
     dense = None if draft is None else scratch_weights(masked_logits.shape, masked_logits.device)
-    return kernels.draw_rows(
+    return kernels.ops_for(masked_logits).draw_rows(
         masked_logits.detach(),
         per_position,
         temperature,
@@ -292,21 +218,19 @@ def keyed_draws_read(
     temperatures: list[float],
     seed: tuple[int | torch.Tensor, bool],
     per_position: int = 1,
-    max_k: int | None = None,
-    use_top_p: bool = True,
 ) -> list[int]:
     """The keyed draws from p~ of a small batch on the CPU whose values were read to the host (a checking
     call): the tokens `sample`, and the verifier in argmax mode, commit, with the bookkeeping on Python
     lists (at such sizes each torch op costs more than the rows). masked_logits: [N, V] CPU, N = B *
     per_position, row n = b * per_position + j keyed by s_b + j (STREAM_TARGET); params: the B requests'
     checked temperature, top_k, top_p, min_p [B]; temperatures: the temperatures as a list; seed: the
-    checked seed and whether it is shared; max_k, use_top_p: truncated_weights' hints. -> N token ids.
+    checked seed and whether it is shared. -> N token ids.
     An all-greedy batch takes one argmax per row (what its one-hot p~ commits); else every row goes through
     truncated_weights and one draw."""
     if all(is_greedy_value(t) for t in temperatures):
         return greedy_tokens(masked_logits).tolist()
     params = tuple(per_position_rows(p, per_position) for p in params)
-    weights, sums = truncated_weights(masked_logits, *params, max_k=max_k, use_top_p=use_top_p)
+    weights, sums = truncated_weights(masked_logits, *params)
     uniforms = row_uniforms_read(row_seeds_read(*seed, len(temperatures)), per_position, STREAM_TARGET)
     return sample_from_weights(weights, torch.tensor(uniforms, dtype=torch.float64), sums).tolist()
 

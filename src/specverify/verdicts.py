@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .categorical import block_size, sample_from_weights, total_weight
+from .categorical import block_size, total_weight
 from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, stream_salt
-from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, greedy_tokens, scratch_weights
+from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, scratch_weights
 
 #: The salts of the streams a chain call draws on (target, accept, residual), made once.
 _CHAIN_SALTS = tuple(stream_salt(stream) for stream in (STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL))
@@ -113,23 +113,14 @@ def recovery_draw(
 ) -> torch.Tensor:
     """One draw per position from p~ - q clamped at 0 (kernels.FROM_RESIDUAL; p~ when that is all zero), p~
     without the draft token (WITHOUT_DRAFT) or p~ (FROM_TARGET). Shapes as in sampled_verdict; target_mass:
-    float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. A compiled backend (kernels/)
-    draws without materialising the residual."""
+    float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. The backend's recover_rows
+    draws (a compiled one without materialising the residual)."""
     batch, positions, vocab = draft_probs.shape
-    if draft_probs.numel() and kernels.backend_for(target_weights).compiled:
-        return kernels.recover_rows(
-            target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
-        )
-    target_probs = target_weights[:, :positions] / target_mass[..., None].to(target_weights.dtype)
-    column = _draft_column(draft)
-    # one full-size tensor: p~ - q where q is used (else p~), clamped, then edited in place
-    uses_q = (mode == kernels.FROM_RESIDUAL)[..., None].to(target_probs.dtype)
-    residual = torch.addcmul(target_probs, draft_probs.to(target_probs.dtype), uses_q, value=-1).clamp_(min=0)
-    at_draft = residual.gather(-1, column)
-    residual.scatter_(-1, column, torch.where((mode == kernels.WITHOUT_DRAFT)[..., None], 0.0, at_draft))
-    empty = residual.amax(-1, keepdim=True) <= 0
-    residual = torch.where(empty, target_probs, residual, out=residual)
-    return sample_from_weights(residual.view(-1, vocab), uniforms.reshape(-1)).view(batch, positions)
+    if not draft_probs.numel():
+        return torch.zeros(batch, positions, dtype=torch.int64, device=draft_probs.device)
+    return kernels.ops_for(target_weights).recover_rows(
+        target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
+    )
 
 
 def relaxed_verdict(
@@ -143,23 +134,13 @@ def relaxed_verdict(
     tokens: a token tied with the k-th is in only if its id is lower (the order of a stable sort), so the
     worked example of the issue holds: probs [.05, .10, .20, .50, .10, .05], top-3 = {3, 2, 1}, and
     draft 4 is rejected. A draft the grammar mask forbids (probability 0) is never accepted.
-    A compiled backend (kernels/) judges each position without materialising the softmax.
+    The backend's relaxed_rows judges each position (a compiled one without materialising the softmax).
     """
-    positions = draft.shape[1]
-    if masked_logits.numel() and draft.numel() and kernels.backend_for(masked_logits).compiled:
-        accepted, top1 = kernels.relaxed_rows(masked_logits.detach(), draft, relaxed_topk, relaxed_delta)
-        return accepted, torch.where(accepted, draft, top1)
-    x = masked_logits[:, :positions].float()
-    top1 = greedy_tokens(x)
-    column = _draft_column(draft)
-    at_draft = x.gather(-1, column)
-    top = x.gather(-1, top1[..., None])
-    ids = torch.arange(x.shape[-1], device=x.device)
-    rank = ((x > at_draft) | ((x == at_draft) & (ids < column))).sum(-1)
-    total = torch.exp(x - top).sum(-1, dtype=torch.float64)
-    p_draft = torch.exp(at_draft - top)[..., 0].double() / total
-    close = p_draft >= 1 / total - relaxed_delta
-    accepted = (draft >= 0) & (p_draft > 0) & (rank < relaxed_topk) & close
+    if not (masked_logits.numel() and draft.numel()):
+        return torch.zeros(draft.shape, dtype=torch.bool, device=draft.device), draft
+    accepted, top1 = kernels.ops_for(masked_logits).relaxed_rows(
+        masked_logits.detach(), draft, relaxed_topk, relaxed_delta
+    )
     return accepted, torch.where(accepted, draft, top1)
 
 
@@ -184,7 +165,7 @@ def whole_call_verdicts(
     draft_tokens: int [B, K] as given; logits: [B, K+1, V];
     bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: an int or int64 [] shared, or int64 [B].
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    return kernels.verify_rows(
+    return kernels.ops_for(logits).verify_rows(
         draft_tokens,
         logits,
         bitmask,
@@ -223,8 +204,8 @@ def drawn_verdicts(
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     params = (temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(masked.shape[-1]))
     if draft_probs is None:
-        return kernels.draw_verdicts(masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS[0])
+        return kernels.ops_for(masked).draw_verdicts(masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS[0])
     dense = scratch_weights(masked.shape, masked.device)
-    return kernels.draw_sampled_verdicts(
+    return kernels.ops_for(masked).draw_sampled_verdicts(
         masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS, draft_probs, dense
     )

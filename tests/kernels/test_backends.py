@@ -36,12 +36,12 @@ def _call():
 @pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 def test_cpu_tensors_run_the_compiled_kernels_by_default(monkeypatch):
     monkeypatch.delenv("SPECVERIFY_BACKEND", raising=False)
-    assert kernels.backend_for(torch.zeros(1)).name == "native" and kernels.backend_for(torch.zeros(1)).compiled
+    assert kernels.backend_for(torch.zeros(1)) is native.BACKEND
 
 
 def test_the_environment_forces_a_backend_for_every_op(monkeypatch):
     with backend_path("torch"):
-        assert kernels.backend_for(torch.zeros(1)) is kernels.TORCH and not kernels.TORCH.compiled
+        assert kernels.backend_for(torch.zeros(1)) is kernels.TORCH
         calls = []
         monkeypatch.setattr(native, "weigh_rows", lambda *args: calls.append(args))
         monkeypatch.setattr(native, "sample_rows", lambda *args: calls.append(args))
@@ -79,11 +79,11 @@ def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
 
 def test_each_backend_declares_what_it_can_do(each_backend):
     """What the rooms above ask of a backend (kernels/backend.py): native skips rows for free, Triton runs
-    whole verifier calls, the torch reference runs no op of kernels/ and declares nothing."""
+    whole verifier calls, the torch reference declares nothing beyond the per-row ops."""
     declared = kernels.backend_for(torch.zeros(1))
     assert declared.name == each_backend
-    expected = {"native": (True, False, True), "triton": (True, True, False), "torch": (False, False, False)}
-    assert (declared.compiled, declared.runs_whole_calls, declared.skips_rows_cheaply) == expected[each_backend]
+    expected = {"native": (False, True), "triton": (True, False), "torch": (False, False)}
+    assert (declared.runs_whole_calls, declared.skips_rows_cheaply) == expected[each_backend]
 
 
 def test_a_backend_missing_a_declared_op_fails_when_it_is_declared():
@@ -96,8 +96,6 @@ def test_a_backend_missing_a_declared_op_fails_when_it_is_declared():
         kernels.Backend(name="partial", ops=ops)
     with pytest.raises(TypeError, match="lacks: scan_rows, verify_rows"):
         kernels.Backend(name="partial", ops=ops, runs_whole_calls=True)
-    with pytest.raises(TypeError, match="declares capabilities but no ops"):
-        kernels.Backend(name="partial", ops=None, skips_rows_cheaply=True)
 
 
 def _fresh_load(monkeypatch, tmp_path):
@@ -217,10 +215,8 @@ def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_backend, dtype):
-    """kernels.scan_rows (the compiled backends' one-pass logits check) against flags found entry by entry
-    in float64; rows not in use are not reported."""
-    if not kernels.backend_for(torch.zeros(1)).compiled:
-        pytest.skip("the torch backend has no scan kernel (checks take one max reduction instead)")
+    """scan_rows (the one-pass logits check of every backend) against flags found entry by entry in
+    float64; rows not in use are not reported."""
     g = torch.Generator().manual_seed(11)
     values = torch.randn(9, 1000, generator=g).to(dtype)
     values[1, 999] = float("nan")
@@ -236,9 +232,10 @@ def test_scan_rows_flags_nan_inf_and_rows_without_a_value_above_minus_inf(each_b
     expected = (torch.isnan(x) | (x == float("inf"))).any(-1).to(torch.uint8) | (
         2 * (x != float("-inf")).any(-1).to(torch.uint8)
     )
-    assert torch.equal(kernels.scan_rows(values), expected)
+    ops = kernels.ops_for(values)
+    assert torch.equal(ops.scan_rows(values), expected)
     in_use = torch.arange(9) % 2 == 0
-    assert torch.equal(kernels.scan_rows(values, in_use), torch.where(in_use, expected, 0))
+    assert torch.equal(ops.scan_rows(values, in_use), torch.where(in_use, expected, 0))
 
 
 def test_a_new_build_keeps_only_the_most_recently_used_builds(tmp_path):

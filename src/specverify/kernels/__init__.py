@@ -32,16 +32,28 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from types import ModuleType
 
 import torch
 
-from . import native
-from .backend import TORCH, Backend
-from .native import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT
+from . import native, reference
+from .backend import Backend
+from .interface import (
+    BLOCK,
+    FROM_RESIDUAL,
+    FROM_TARGET,
+    HOLDS_ABOVE_MINUS_INF,
+    HOLDS_NAN_OR_INF,
+    WITHOUT_DRAFT,
+    Ops,
+    block_size,
+)
+
+#: The torch reference backend: runs on every device, and wherever a compiled one cannot.
+TORCH = reference.BACKEND
 
 __all__ = [
     "BACKENDS",
+    "BLOCK",
     "FROM_RESIDUAL",
     "FROM_TARGET",
     "HOLDS_ABOVE_MINUS_INF",
@@ -49,19 +61,11 @@ __all__ = [
     "TORCH",
     "WITHOUT_DRAFT",
     "Backend",
-    "argmax_rows",
+    "Ops",
     "backend_for",
-    "draw_rows",
-    "draw_sampled_verdicts",
-    "draw_verdicts",
+    "block_size",
     "forced",
-    "recover_kept_rows",
-    "recover_rows",
-    "relaxed_rows",
-    "sample_rows",
-    "scan_rows",
-    "verify_rows",
-    "weigh_rows",
+    "ops_for",
 ]
 
 ENVIRONMENT = "SPECVERIFY_BACKEND"
@@ -174,210 +178,6 @@ def backend_for(tensor: torch.Tensor) -> Backend:
     return TORCH
 
 
-def _ops(tensor: torch.Tensor) -> ModuleType:
-    """The ops of the compiled backend for this tensor; raises where the torch reference runs."""
-    ops = backend_for(tensor).ops
-    if ops is None:
-        raise RuntimeError(
-            "no compiled backend runs on this tensor: call the torch reference (see backend_for(t).compiled)"
-        )
-    return ops
-
-
-def weigh_rows(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    greedy_below: float,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    rtol: float,
-    block: int,
-    out: torch.Tensor,
-    source: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (SPEC §2; one-hot at the
-    argmax for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
-    kept weights. logits: float [M, V] (float32, bfloat16 or float16, read as they are); out: contiguous
-    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]. source: int64 [N] or None, the logits row
-    each output row weighs (None: row r, M = N); a negative one is skipped: zero sums, weights undefined
-    (free where the backend `skips_rows_cheaply`, else weighed as row 0 and its sums zeroed)."""
-    return _ops(logits).weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source)
-
-
-def draw_rows(
-    logits: torch.Tensor,
-    per_position: int,
-    temperature: torch.Tensor,
-    greedy_below: float,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    rtol: float,
-    block: int,
-    seeds: torch.Tensor,
-    salt: int,
-    draft: torch.Tensor | None = None,
-    accept_salt: int = 0,
-    dense: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
-    """Where `backend_for(logits).draws_rows`: the keyed target draw from p~ (SPEC §2, §4) of every row of
-    a chain call, the tokens `sample_rows` gives on `weigh_rows`' weights, without writing the weights out.
-    logits: float [B * per_position, V], row b * per_position + j weighed with request b's params [B] and
-    drawn with the uniform of key seeds[b] + j (int64 [B]) and `salt` (rng.stream_salt) -> int64 [R].
-    With draft (int64 [B, per_position - 1], -1: none), accept_salt (the ratio test's stream) and dense
-    (float32 [R, V], written where a kept set is too large to hold sparsely), for sampled mode: (tokens [R],
-    each draft token's weight float32 [B, per_position - 1], the ratio test's uniforms float64
-    [B, per_position - 1], block sums float64 [R, ceil(V / block)], the kept weights for recover_kept_rows)."""
-    return _ops(logits).draw_rows(
-        logits,
-        per_position,
-        temperature,
-        greedy_below,
-        top_k,
-        top_p,
-        min_p,
-        rtol,
-        block,
-        seeds,
-        salt,
-        draft,
-        accept_salt,
-        dense,
-    )
-
-
-def draw_verdicts(
-    logits: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    temperature: torch.Tensor,
-    greedy_below: float,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    rtol: float,
-    block: int,
-    seed: int | torch.Tensor,
-    shared: bool,
-    salt: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where `backend_for(logits).draws_rows`: the argmax-mode verdicts of a chain call (SPEC §3.1, §3.3) in
-    one kernel call, draw_rows' keyed draws y of logits [B, K + 1, V] and the first rejection among the
-    drafts as given, int [B, K] (an id outside [0, V) and everything after it is padding). seed: int64 [B]
-    per request, or (shared) an int or int64 [] for the batch, request b keyed by s + b * ROW_STRIDE ->
-    (first rejected index int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    return _ops(logits).draw_verdicts(
-        logits, draft_tokens, temperature, greedy_below, top_k, top_p, min_p, rtol, block, seed, shared, salt
-    )
-
-
-def draw_sampled_verdicts(
-    logits: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    temperature: torch.Tensor,
-    greedy_below: float,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    rtol: float,
-    block: int,
-    seed: int | torch.Tensor,
-    shared: bool,
-    salts: tuple[int, int, int],
-    draft_probs: torch.Tensor,
-    dense: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where `backend_for(logits).draws_rows`: the sampled-mode verdicts of a chain call (SPEC §3.2) in one
-    kernel call, draw_rows' draws of logits [B, K + 1, V], the ratio test of the drafts as given (int
-    [B, K]: an id outside [0, V) and everything after it is padding) against draft_probs float [B, K, V],
-    the recovery of recover_kept_rows and the first rejection. seed as in draw_verdicts; salts: the
-    streams' (target, accept, residual); dense: float32 [B, K + 1, V] of room -> (first rejected index
-    int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    return _ops(logits).draw_sampled_verdicts(
-        logits,
-        draft_tokens,
-        temperature,
-        greedy_below,
-        top_k,
-        top_p,
-        min_p,
-        rtol,
-        block,
-        seed,
-        shared,
-        salts,
-        draft_probs,
-        dense,
-    )
-
-
-def recover_kept_rows(
-    kept: tuple,
-    weight_sums: torch.Tensor,
-    mass: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft: torch.Tensor,
-    mode: torch.Tensor,
-    seeds: torch.Tensor,
-    salt: int,
-    block: int,
-) -> torch.Tensor:
-    """recover_rows (SPEC §3.2) on the weights draw_rows kept, and their block sums float64
-    [B * (K + 1), blocks]; the uniform of position j of request b keyed by seeds[b] + j and `salt`.
-    mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K]; mode: int [B, K] -> int64 [B, K]."""
-    return _ops(draft_probs).recover_kept_rows(kept, weight_sums, mass, draft_probs, draft, mode, seeds, salt, block)
-
-
-def argmax_rows(values: torch.Tensor) -> torch.Tensor:
-    """First argmax per row, NaN never winning. values: float [N, V] -> int64 [N]."""
-    return _ops(values).argmax_rows(values)
-
-
-#: Flags of scan_rows.
-HOLDS_NAN_OR_INF, HOLDS_ABOVE_MINUS_INF = 1, 2
-
-
-def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch.Tensor:
-    """The value checks of logits (SPEC §6) in one streaming pass: per row in use, HOLDS_NAN_OR_INF if it
-    holds NaN or +inf, | HOLDS_ABOVE_MINUS_INF if it holds a value other than -inf; 0 for a row not in use.
-    values: float [N, V] (float32, bfloat16 or float16, read as they are); in_use: bool [N] or None
-    (every row) -> uint8 [N]."""
-    return _ops(values).scan_rows(values, in_use)
-
-
-def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per row. weights: contiguous float32 [N, V] (>= 0); sums: float64 [N, ceil(V / block)],
-    their block sums; uniforms: float64 [N] -> int64 [N]."""
-    return _ops(weights).sample_rows(weights, sums, block, uniforms)
-
-
-def recover_rows(
-    weights: torch.Tensor,
-    weight_sums: torch.Tensor,
-    mass: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft: torch.Tensor,
-    mode: torch.Tensor,
-    uniforms: torch.Tensor,
-    block: int,
-) -> torch.Tensor:
-    """The recovery draw of sampled verification at each drafted position (SPEC §3.2), the residual never
-    materialised. weights: float32 [B, P, V] with P >= K (unnormalised p~), weight_sums: float64
-    [B, P, ceil(V / block)]; mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K];
-    mode: int [B, K] (FROM_TARGET, FROM_RESIDUAL or WITHOUT_DRAFT); uniforms: float64 [B, K] -> int64 [B, K]."""
-    return _ops(weights).recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block)
-
-
-def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token.
-    logits: float [B, P, V] with P >= K, masked; draft: int64 [B, K] (-1: none) -> (bool [B, K], int64 [B, K])."""
-    return _ops(logits).relaxed_rows(logits, draft, k, delta)
-
-
-def verify_rows(
-    draft: torch.Tensor, logits: torch.Tensor, *arguments
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A whole verifier call for checked arguments, where `backend_for(logits).runs_whole_calls`; the
-    arguments and shapes are those of kernels/triton.verify_rows. Returns (first_rejected_idx [B],
-    recovered [B, K], bonus [B, 1])."""
-    return _ops(logits).verify_rows(draft, logits, *arguments)
+def ops_for(tensor: torch.Tensor) -> Ops:
+    """The ops (interface.Ops) of the backend that runs on this tensor: backend_for(tensor).ops."""
+    return backend_for(tensor).ops

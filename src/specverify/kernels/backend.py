@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-#: The per-row ops every compiled backend implements.
-ROW_OPS = ("weigh_rows", "argmax_rows", "scan_rows", "sample_rows", "recover_rows", "relaxed_rows")
+from .interface import Ops
+
+#: The per-row ops every backend implements (interface.Ops).
+ROW_OPS = tuple(name for name in vars(Ops) if not name.startswith("_"))
 #: The op of a backend that runs whole verifier calls.
 WHOLE_CALL_OP = "verify_rows"
 #: The ops of a backend that draws the target rows of a call itself, weights held inside the kernel.
@@ -23,7 +25,7 @@ class Backend:
     """One backend, as it declares itself.
 
     name: its value of SPECVERIFY_BACKEND. ops: the module whose functions are its ops (read at each call,
-    so a test may replace one), None for the torch reference (the rooms' own code, no ops here).
+    so a test may replace one).
     runs_whole_calls: it runs a whole verifier call in one kernel (`verify_rows`: every rule and the
     first rejection in one launch). skips_rows_cheaply: `weigh_rows` skips a row whose source is negative
     at next to no cost, so a walk over every row costs only the rows still walking (where it does not, a
@@ -34,28 +36,15 @@ class Backend:
     """
 
     name: str
-    ops: ModuleType | None
+    ops: ModuleType
     runs_whole_calls: bool = False
     skips_rows_cheaply: bool = False
     draws_rows: bool = False
 
     def __post_init__(self) -> None:
-        if self.ops is None:
-            if self.runs_whole_calls or self.skips_rows_cheaply or self.draws_rows:
-                raise TypeError(f"backend {self.name!r} declares capabilities but no ops")
-            return
         declared = ROW_OPS + ((WHOLE_CALL_OP,) if self.runs_whole_calls else ()) + (DRAW_OPS if self.draws_rows else ())
         missing = [op for op in declared if not callable(getattr(self.ops, op, None))]
         if missing:
             raise TypeError(
                 f"backend {self.name!r} declares ops its module {self.ops.__name__} lacks: {', '.join(missing)}"
             )
-
-    @property
-    def compiled(self) -> bool:
-        """Whether this backend runs the ops of kernels/ (else the caller runs its torch reference)."""
-        return self.ops is not None
-
-
-#: The torch reference: no compiled backend, so each room runs its own torch code.
-TORCH = Backend(name="torch", ops=None)

@@ -640,10 +640,6 @@ def recover_kept_rows(
     return out
 
 
-#: Recovery modes of `recover_rows`, per position (kernels.c).
-FROM_TARGET, FROM_RESIDUAL, WITHOUT_DRAFT = 0, 1, 2
-
-
 def recover_rows(
     weights: torch.Tensor,
     weight_sums: torch.Tensor,

@@ -16,7 +16,7 @@ import torch
 
 from ...contract import MASK64
 from ..backend import Backend
-from ..native import FROM_RESIDUAL, WITHOUT_DRAFT
+from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT
 from . import jit
 
 #: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).

@@ -1,0 +1,101 @@
+"""The ops every backend implements, declared once: their signatures, shapes and meaning (SPEC §2-§6).
+
+A backend is a module with one function per op of `Ops` (same arguments, same results) and a
+module-level `BACKEND = Backend(name, module, ...)` (kernels/backend.py checks the module for them when
+it is imported). Callers take the backend of their tensors with `kernels.ops_for(t)` and call the op by
+its name; they never learn which backend ran. The torch reference (kernels/reference/) implements every
+op in plain torch; the compiled backends (kernels/native/: C on the CPU, kernels/triton/: Triton on CUDA)
+implement the same ops and must give the same tokens (tests/kernels/test_backends.py).
+
+The facts the ops share live here too: the block of the two-level CDF, the recovery modes and the scan
+flags.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+#: Tokens per block of the two-level CDF (categorical draws walk block sums, then one block).
+BLOCK = 1024
+
+#: Recovery modes of `recover_rows`, per position (kernels.c's enum).
+FROM_TARGET, FROM_RESIDUAL, WITHOUT_DRAFT = 0, 1, 2
+
+#: Flags of `scan_rows`.
+HOLDS_NAN_OR_INF, HOLDS_ABOVE_MINUS_INF = 1, 2
+
+
+def block_size(vocab: int) -> int:
+    """Tokens per block of the two-level CDF for a vocabulary of `vocab` tokens."""
+    return min(BLOCK, vocab)
+
+
+class Ops(Protocol):
+    """The per-row ops of a backend. Every float tensor may be float32, bfloat16 or float16 where it is
+    read (logits, draft_probs), float32 where weights are written; int parameters int64 unless said."""
+
+    def weigh_rows(
+        self,
+        logits: torch.Tensor,  # float [M, V]
+        temperature: torch.Tensor,  # float [N]
+        greedy_below: float,
+        top_k: torch.Tensor,  # int [N], <= 0: no limit
+        top_p: torch.Tensor,  # float [N]
+        min_p: torch.Tensor | None,  # float [N]
+        rtol: float,
+        block: int,
+        out: torch.Tensor,  # float32 [N, V], contiguous: written
+        source: torch.Tensor | None = None,  # int64 [N]
+    ) -> torch.Tensor:  # float64 [N, ceil(V / block)]
+        """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (SPEC §2; one-hot at
+        the argmax for rows with T < greedy_below), written into `out`; returns the sums of each `block`
+        consecutive kept weights. source: the logits row each output row weighs (None: row r, M = N); a
+        negative one is skipped: zero sums, weights undefined (free where the backend `skips_rows_cheaply`,
+        else weighed as row 0 and its sums zeroed)."""
+
+    def argmax_rows(self, values: torch.Tensor) -> torch.Tensor:  # float [N, V] -> int64 [N]
+        """First argmax per row, NaN never winning."""
+
+    def scan_rows(
+        self,
+        values: torch.Tensor,  # float [N, V]
+        in_use: torch.Tensor | None = None,  # bool [N] or None (every row)
+    ) -> torch.Tensor:  # uint8 [N]
+        """The value checks of logits (SPEC §6) in one pass: per row in use, HOLDS_NAN_OR_INF if it holds NaN
+        or +inf, | HOLDS_ABOVE_MINUS_INF if it holds a value other than -inf; 0 for a row not in use."""
+
+    def sample_rows(
+        self,
+        weights: torch.Tensor,  # float32 [N, V], >= 0, contiguous
+        sums: torch.Tensor,  # float64 [N, ceil(V / block)], their block sums
+        block: int,
+        uniforms: torch.Tensor,  # float64 [N]
+    ) -> torch.Tensor:  # int64 [N]
+        """Inverse-CDF draw per row: the block by the CDF of the block sums, then the token inside it, in
+        float64; only a token of positive weight can be drawn, and a row without one gives a valid id."""
+
+    def recover_rows(
+        self,
+        weights: torch.Tensor,  # float32 [B, P, V], P >= K, unnormalised p~
+        weight_sums: torch.Tensor,  # float64 [B, P, ceil(V / block)]
+        mass: torch.Tensor,  # float64 [B, K], the weights' sums
+        draft_probs: torch.Tensor,  # float [B, K, V], q
+        draft: torch.Tensor,  # int64 [B, K], -1: none
+        mode: torch.Tensor,  # int [B, K]: FROM_TARGET, FROM_RESIDUAL or WITHOUT_DRAFT
+        uniforms: torch.Tensor,  # float64 [B, K]
+        block: int,
+    ) -> torch.Tensor:  # int64 [B, K]
+        """The recovery draw of sampled verification at each drafted position (SPEC §3.2): from max(0, p~ - q)
+        (FROM_RESIDUAL; p~ where that is all zero), p~ without the draft token (WITHOUT_DRAFT) or p~
+        (FROM_TARGET)."""
+
+    def relaxed_rows(
+        self,
+        logits: torch.Tensor,  # float [B, P, V], P >= K, masked
+        draft: torch.Tensor,  # int64 [B, K], -1: none
+        k: int,
+        delta: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (bool [B, K], int64 [B, K])
+        """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token."""

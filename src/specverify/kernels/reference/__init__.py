@@ -16,6 +16,7 @@ from ...selection import largest_reaching_threshold
 from ..backend import Backend
 from ..interface import FROM_RESIDUAL, HOLDS_ABOVE_MINUS_INF, HOLDS_NAN_OR_INF, WITHOUT_DRAFT
 
+
 def block_sums(weights: torch.Tensor, block: int) -> torch.Tensor:
     """Sum of each `block` consecutive weights. weights: float [N, V] -> float64 [N, ceil(V / block)]."""
     rows, vocab = weights.shape

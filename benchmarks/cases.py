@@ -1,7 +1,7 @@
 """The verifier cases of issue 24, shared by the benchmarks that measure them (bench_traffic.py: memory traffic
 of the Triton kernels; bench_cpu_floor.py: the CPU kernels' time beside one read of the logits).
 
-Each case is one `stochastic_acceptance_sampler` call with validate=False on `specverify.bench.make_batch`
+Each case is one `stochastic_acceptance_sampler` call with validate=False on `specverify.bench.inputs.make_batch`
 logits (a few heavy head tokens over a Gaussian tail; "flat": the tail alone, scaled down), every row with
 the case's parameters.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specverify.bench import make_batch
+from specverify.bench.inputs import make_batch
 
 
 @dataclass(frozen=True)

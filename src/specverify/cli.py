@@ -1,5 +1,5 @@
 """The `specverify` command: it parses and dispatches; each command's arguments and logic live beside
-its subject (`decoding.command`, `audit.command`, `bench`, `check.command`).
+its subject (`decoding.command`, `audit.command`, `bench.command`, `check.command`).
 
 Errors a user can fix (bad arguments, a missing extra or model package) end the command with one line on
 stderr that says what to do, and exit status 2.
@@ -32,7 +32,7 @@ def _add_audit(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
-    from .bench import DESCRIPTION, HELP, add_bench_arguments
+    from .bench.command import DESCRIPTION, HELP, add_bench_arguments
 
     add_bench_arguments(commands.add_parser("bench", help=HELP, description=DESCRIPTION))
 

@@ -173,9 +173,10 @@ def test_specverify_check_runs_on_the_device_at_hand(capsys):
 def test_the_timing_section_can_meter_the_triton_kernels_traffic():
     """On a GPU the timing section prints each case's passes over the logits, metered in a child process
     under Triton's interpreter (timing.interpreted_passes): run here, it meters the same kernels."""
+    from specverify.bench.cases import Mode
     from specverify.check.timing import interpreted_passes
 
-    passes = interpreted_passes(["argmax", "greedy"])
+    passes = interpreted_passes((Mode.ARGMAX, Mode.GREEDY))
     assert set(passes) == {
         "argmax, validate=False",
         "argmax, validate=True",

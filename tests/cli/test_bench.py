@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import io
 import json
 import time
@@ -10,8 +12,15 @@ import pytest
 import torch
 
 import specverify as sv
-from specverify.bench import Progress, make_batch, make_tree, peak_extra_bytes, run_benchmark, sort_based_baseline
-from specverify.cli import main
+from specverify.bench import cases
+from specverify.bench.cases import Mode, Role, benchmark_cases, torch_path_cases
+from specverify.bench.command import BenchSettings, bench_settings
+from specverify.bench.inputs import make_batch, make_tree
+from specverify.bench.measure import peak_extra_bytes, run_benchmark
+from specverify.bench.peers import sort_based_baseline
+from specverify.bench.report import Progress
+from specverify.cli import build_parser, main
+from specverify.usage import UsageError
 
 CASES = [
     "read floor (amax)",
@@ -84,7 +93,7 @@ def test_a_slow_case_says_how_far_it_got_after_a_quiet_spell():
     assert lines[0] == "  timing 1/1: one long call" and len(lines) >= 2, lines
     assert all(line.startswith("  timing 1/1: one long call: ") and line.endswith(" s so far") for line in lines[1:])
     calls = []
-    results = run_benchmark(2, 1, 64, torch.float32, ["greedy"], 3, progress=lambda text, step: calls.append(step))
+    results = run_benchmark(2, 1, 64, torch.float32, [Mode.GREEDY], 3, progress=lambda text, step: calls.append(step))
     assert calls.count(False) == 4 * len(results["cases"])  # the warm-up and every timed call reported
 
 
@@ -158,3 +167,61 @@ def test_the_benchmark_tree_expands_the_most_likely_tokens_along_its_spine():
     logits = batch.target_logits.view(4, 13, 300)
     for level, index in enumerate((0, 1, 5)):  # the root, then the first node (spine) of each level
         assert torch.equal(draft[:, 4 * level : 4 * level + 4], logits[:, index].topk(4, dim=-1).indices)
+
+
+def test_each_case_is_built_with_its_role_and_the_modes_are_typed():
+    """The cases are typed: a Role decides what is measured beyond the time (the floor and softmax are the
+    units), a Mode which cases run; no display string is parsed."""
+    batch = make_batch(2, 1, 64, torch.float32)
+    built, notes = benchmark_cases(batch, set(Mode), "native", lambda text, step: None)
+    roles = {case.name: case.role for case in built}
+    assert [case.role for case in built[:2]] == [Role.FLOOR, Role.SOFTMAX]
+    assert {name for name, role in roles.items() if role is Role.VERIFIER} == set(CASES[2:8])
+    assert roles["sort-based baseline"] is Role.PEER
+    assert {role for name, role in roles.items() if name.startswith(("tree", "chain"))} == {Role.TREE}
+    assert notes["tree_nodes"] == 4
+    torch_path = torch_path_cases(batch, {Mode.SAMPLED, Mode.TREE})
+    assert [(case.name, case.role) for case in torch_path] == [("sampled, torch reference path", Role.TORCH_PATH)]
+    assert {role for role in Role if role.measures_memory} == {Role.VERIFIER, Role.TORCH_PATH}
+    assert {role for role in Role if role.meters_traffic} == {Role.VERIFIER}
+
+
+def test_what_is_measured_of_a_case_follows_its_role_not_its_name(monkeypatch):
+    """Renaming the verifier's cases changes the rows' names only: their peak memory is still measured."""
+    renamed = {
+        mode: tuple((f"case {i} of {mode.value}", validate) for i, (_, validate) in enumerate(named))
+        for mode, named in cases.CHAIN_CASES.items()
+    }
+    monkeypatch.setattr(cases, "CHAIN_CASES", renamed)
+    results = run_benchmark(2, 1, 64, torch.float32, [Mode.GREEDY, Mode.SORT], 1)
+    assert list(results["cases"]) == [*CASES[:2], "case 0 of greedy", "case 1 of greedy", "sort-based baseline"]
+    measured = {name for name, entry in results["cases"].items() if "peak_extra_x_logits" in entry}
+    assert measured == {"case 0 of greedy", "case 1 of greedy"}
+
+
+def _parsed(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", *argv])
+
+
+def test_the_settings_carry_every_flag_checked_once():
+    """bench_settings turns every flag into a typed field (a flag without a field fails here): the run reads
+    the settings, never the parsed arguments."""
+    args = _parsed("-B", "3", "--modes", "tree,greedy", "--dtype", "bfloat16", "--threads", "2", "--json")
+    settings = bench_settings(args)
+    assert {field.name for field in dataclasses.fields(BenchSettings)} == set(vars(args)) - {"run", "command"}
+    assert (settings.batch, settings.drafts, settings.vocab, settings.repeats, settings.threads) == (3, 4, 128256, 7, 2)
+    assert settings.modes == (Mode.TREE, Mode.GREEDY) and settings.dtype is torch.bfloat16
+    assert settings.device == torch.device("cpu") and settings.traffic is False and settings.json == "-"
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [(["--batch", "0"], "--batch"), (["--modes", "fast"], "--modes"), (["--device", "meta", "--traffic"], "--traffic")],
+)
+def test_a_bad_flag_is_a_usage_error_naming_it(argv, flag, capsys):
+    """The command raises the project's UsageError; the CLI shows it as one line and exits 2."""
+    with pytest.raises(UsageError, match=f"^{flag} "):
+        bench_settings(_parsed(*argv))
+    assert main(["bench", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"specverify bench: error: {flag} ") and err.count("\n") == 1

@@ -11,8 +11,10 @@ import sys
 import pytest
 import torch
 
+from specverify import cli
 from specverify.decoding import command, settings
 from specverify.decoding.engines import loading
+from specverify.decoding.examples import EXAMPLES
 from tests.support.command_line import run
 from tests.support.models import tiny_llama_config
 
@@ -266,3 +268,116 @@ def test_missing_demo_extra_says_the_pip_command(capsys, monkeypatch):
     assert err.count("\n") == 1
     assert "no_such_module_for_specverify not installed" in err
     assert err.strip().endswith(f"{sys.executable} -m pip install torch==2.13.0 -e '.[demo]'")
+
+
+#: Where a checked command keeps each flag (a flag the settings drop fails the test below); the flags every
+#: request takes its defaults from are read back from the request.
+FROM_SETTINGS = {
+    "prompt": lambda s: s.requests[0].prompt,
+    "example": lambda s: s.requests[0].prompt,
+    "requests": lambda s: (s.requests_file, len(s.requests), s.single),
+    "model": lambda s: s.model,
+    "temperature": lambda s: s.requests[0].params.temperature,
+    "top_k": lambda s: s.requests[0].params.top_k,
+    "top_p": lambda s: s.requests[0].params.top_p,
+    "min_p": lambda s: s.requests[0].params.min_p,
+    "seed": lambda s: s.requests[0].seed,
+    "max_tokens": lambda s: s.requests[0].max_tokens,
+    "json_schema": lambda s: s.requests[0].grammar,
+    "regex": lambda s: s.requests[0].grammar,
+    "choices": lambda s: s.requests[0].grammar,
+    "draft_tokens": lambda s: s.drafts.k,
+    "drafter": lambda s: s.drafts.drafter,
+    "draft_model": lambda s: s.drafts.draft_model,
+    "tree": lambda s: (s.drafts.tree, s.drafts.shape),
+    "branching": lambda s: s.drafts.branching,
+    "sibling_draws": lambda s: s.drafts.sibling_draws,
+    "min_ngram": lambda s: s.drafts.min_ngram,
+    "draft_proposal": lambda s: s.drafts.proposal,
+    "compare": lambda s: s.compare,
+    "json": lambda s: s.json,
+    "details": lambda s: s.details,
+    "threads": lambda s: s.engine.threads,
+    "engine": lambda s: s.engine.name,
+    "llamacpp_f16": lambda s: s.engine.f16,
+    "think_begin": lambda s: s.thinking[0],
+    "think_end": lambda s: s.thinking[1],
+    "relaxed": lambda s: s.relaxed,
+}
+#: Commands that set every flag between them, and what the settings hold for each flag set.
+EVERY_FLAG = [
+    (
+        ["say it", "--engine", "llamacpp", "--llamacpp-f16", "--threads", "3", "--model", "t.gguf", "-k", "5"],
+        {
+            "prompt": "say it",
+            "engine": "llamacpp",
+            "llamacpp_f16": True,
+            "threads": 3,
+            "model": "t.gguf",
+            "draft_tokens": 5,
+        },
+    ),
+    (
+        ["hi", "--temperature", "0.7", "--top-k", "9", "--top-p", "0.8", "--min-p", "0.1", "--seed", "11"],
+        {"temperature": 0.7, "top_k": 9, "top_p": 0.8, "min_p": 0.1, "seed": 11, "tree": (None, "chain")},
+    ),
+    (
+        ["hi", "--max-tokens", "17", "--choices", "yes,no", "--min-ngram", "2", "--compare", "--json", "--details"],
+        {"max_tokens": 17, "choices": ("choice", ["yes", "no"]), "min_ngram": 2, "compare": True, "json": True},
+    ),
+    (
+        ["hi", "--think-begin", "<t>", "--think-end", "</t>", "--relaxed", "8,0.5", "--regex", "[a-z]+"],
+        {"think_begin": "<t>", "think_end": "</t>", "relaxed": (8, 0.5), "regex": ("regex", "[a-z]+")},
+    ),
+    (
+        ["--example", "chat", "--json-schema", "person.schema.json", "--drafter", "model", "--draft-model", "d"],
+        {"example": EXAMPLES["chat"], "json_schema": ("json_schema", {"type": "object"}), "drafter": "model"},
+    ),
+    (
+        ["hi", "--tree", "6", "--drafter", "model", "--draft-model", "d", "--branching", "3"],
+        {"tree": (6, "tree"), "draft_model": "d", "branching": 3, "details": False},
+    ),
+    (
+        ["--requests", "batch.jsonl", "--sibling-draws", "without_replacement", "--draft-proposal", "sampled"],
+        {"requests": ("batch.jsonl", 2, False), "sibling_draws": "without_replacement", "draft_proposal": "sampled"},
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, expected", EVERY_FLAG)
+def test_the_settings_hold_every_flag_the_run_reads(argv, expected, monkeypatch, tmp_path):
+    """generate_settings keeps every flag in a typed field, checked once: the run reads the settings alone."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "batch.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    (tmp_path / "person.schema.json").write_text('{"type": "object"}')
+    monkeypatch.setattr(settings, "require_modules", lambda *what: None)  # no extra needed: nothing compiles
+    monkeypatch.setattr(settings, "grammar_source", lambda kind, text: None)
+    args = cli.build_parser().parse_args(["generate", *argv])
+    assert set(FROM_SETTINGS) == set(vars(args)) - {"run", "command"}, "a flag the settings do not say where they keep"
+    checked = settings.generate_settings(args)
+    assert {flag: FROM_SETTINGS[flag](checked) for flag in expected} == expected
+    assert checked.flags == {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")}
+
+
+def test_every_flag_is_read_back_from_the_settings_by_some_command():
+    assert set().union(*(expected for _, expected in EVERY_FLAG)) == set(FROM_SETTINGS)
+
+
+def test_the_run_reads_no_parsed_flag(model_folder, capsys, monkeypatch):
+    """Once the settings are built the parsed flags are emptied: the whole run (load, decode, compare, the
+    JSON report) still succeeds, so it reads only the settings."""
+
+    def settings_then_nothing(args):
+        checked = settings.generate_settings(args)
+        vars(args).clear()
+        return checked
+
+    monkeypatch.setattr(command, "generate_settings", settings_then_nothing)
+    options = ["--compare", "--json", "--max-tokens", "6", "--tree", "4", "--drafter", "model"]
+    model = ["--model", str(model_folder), "--draft-model", str(model_folder)]
+    code, out, err = run(capsys, "generate", "w3 w4 w5 w3", *model, *options)
+    assert code == 0, err
+    report = json.loads(out)
+    assert (
+        report["identical"] is True and report["settings"]["tree"] == 4 and report["settings"]["command"] == "generate"
+    )

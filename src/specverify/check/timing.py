@@ -1,7 +1,7 @@
 """The timing section of the device check: what a verifier call costs on the candidate.
 
 Side by side with one read of the same logits (`torch.amax`, the floor of a memory-bound call) and
-`torch.softmax`, timed by `specverify.bench` (min and median over repeats). Where the candidate runs the
+`torch.softmax`, timed by `specverify.bench.measure` (min and median over repeats). Where the candidate runs the
 Triton kernels on a GPU, each case also gets its passes over the logits (bytes loaded / bytes of logits),
 metered by `specverify bench --traffic` under Triton's interpreter in a child process on the CPU (a
 process that runs Triton on a GPU cannot interpret it), at a small shape: the figure does not depend on B
@@ -17,18 +17,19 @@ import sys
 import torch
 
 from .. import kernels
-from ..bench import run_benchmark
+from ..bench.cases import Mode
+from ..bench.measure import run_benchmark
 from .targets import Target, running_on
 
 #: (B, K, V) of the timed call: a quick shape, and a serving batch on a 128k vocabulary.
 QUICK_SHAPE, FULL_SHAPE = (8, 4, 32768), (32, 4, 128256)
 #: The verifier cases timed (`specverify bench --modes`).
-MODES = ["argmax", "sampled", "greedy"]
+MODES = (Mode.ARGMAX, Mode.SAMPLED, Mode.GREEDY)
 #: (B, K, V) at which the Triton kernels' traffic is metered under the interpreter, and the most seconds it may take.
 TRAFFIC_SHAPE, TRAFFIC_TIMEOUT = (2, 4, 16384), 900
 
 
-def interpreted_passes(modes: list[str]) -> dict[str, float]:
+def interpreted_passes(modes: tuple[Mode, ...]) -> dict[str, float]:
     """Passes over the logits of each verifier case of `specverify bench --traffic --modes ...` at
     TRAFFIC_SHAPE, run in a child process on the CPU under Triton's interpreter -> {case name: passes}.
     Raises RuntimeError naming the child's last line where it fails."""
@@ -37,7 +38,7 @@ def interpreted_passes(modes: list[str]) -> dict[str, float]:
         sys.executable,
         "-c",
         "import sys; from specverify.cli import main; sys.exit(main(sys.argv[1:]))",
-        *("bench", "--device", "cpu", "--traffic", "--repeats", "1", "--modes", ",".join(modes)),
+        *("bench", "--device", "cpu", "--traffic", "--repeats", "1", "--modes", ",".join(mode.value for mode in modes)),
         *("--batch", str(batch), "--drafts", str(positions), "--vocab", str(vocab), "--json"),
     ]
     environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}

@@ -15,7 +15,7 @@ from ..usage import UsageError
 from .batch import GrammarError, run_requests
 from .constraints.grammar import GrammarDeadEnd
 from .constraints.thinking import ThinkingRegions
-from .drafting.registry import NEEDS_DRAFT_MODEL, DrafterSettings, make_drafter
+from .drafting.registry import DrafterSettings, make_drafter
 from .engines.base import ContextOverflow
 from .engines.loading import (
     MissingModel,
@@ -132,43 +132,53 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_generate_command(args: argparse.Namespace) -> int:
     """Run a parsed `generate` command -> exit status 0 (a UsageError for a mistake the user can fix)."""
-    settings = generate_settings(args)
-    torch.set_num_threads(torch_threads(args.engine, args.threads))
+    return run_generate(generate_settings(args))
+
+
+def run_generate(settings: GenerateSettings) -> int:
+    """Run a checked `generate` command: load the models, decode the requests, show the result -> 0."""
+    torch.set_num_threads(torch_threads(settings.engine.name, settings.engine.threads))
     from rich.console import Console
 
-    from .report import LEGEND, BatchProgress, Progress, StreamPrinter, json_report, print_results
+    from .report import Progress, json_report, print_results
 
-    console = None if args.json else Console(highlight=False)
+    console = None if settings.json else Console(highlight=False)
     with Progress(console or _json_progress_console()) as progress:
-        target, drafter = _load_models(args, settings, progress)
-        single, requests = settings.single, settings.requests
-        on_step = None
-        if console is not None:
-            what = (
-                f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens"
-                if single
-                else f"{len(requests)} requests"
-            )
-            console.print(
-                f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · "
-                f"{'K=' + str(args.draft_tokens) if args.tree is None else f'tree of {args.tree} nodes'} · "
-                f"drafter {args.drafter} · {args.draft_proposal} proposals[/dim]"
-            )
-            if single:
-                console.print(LEGEND)
-            on_step = (
-                StreamPrinter(target.tokenizer, console, progress) if single else BatchProgress(len(requests), progress)
-            )
-        else:
-            on_step = BatchProgress(len(requests), progress)  # --json: the tokens committed so far, on stderr
+        target, drafter = _load_models(settings, progress)
+        on_step = _step_display(settings, target, console, progress)
         progress.show(WARMING_UP)
-        run = _decode(args, target, drafter, requests, settings.relaxed, on_step, progress)
+        run = _decode(settings, target, drafter, on_step, progress)
         progress.done()
         if console is None:
-            print(json_report(args, target, run))
+            print(json_report(settings, target, run))
         else:
-            print_results(console, run, settings.relaxed is not None, single, args.details)
+            print_results(console, run, settings.relaxed is not None, settings.single, settings.details)
     return 0
+
+
+def _step_display(settings: GenerateSettings, target, console, progress):
+    """What shows each step: with the live view (console), a first line saying what runs, then the single
+    prompt's text streamed (with the legend of its colours) or a batch's progress; with --json (console
+    None) the tokens committed so far, on stderr."""
+    from .report import LEGEND, BatchProgress, StreamPrinter
+
+    requests = settings.requests
+    if console is None:
+        return BatchProgress(len(requests), progress)
+    what = (
+        f"prompt {len(target.tokenizer.encode_chat(requests[0].prompt))} tokens"
+        if settings.single
+        else f"{len(requests)} requests"
+    )
+    drafts = settings.drafts
+    console.print(
+        f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · {drafts.described} · "
+        f"drafter {drafts.drafter} · {drafts.proposal} proposals[/dim]"
+    )
+    if not settings.single:
+        return BatchProgress(len(requests), progress)
+    console.print(LEGEND)
+    return StreamPrinter(target.tokenizer, console, progress)
 
 
 def _json_progress_console():
@@ -184,80 +194,88 @@ def _json_progress_console():
 WARMING_UP = "warming up: the kernels, then the cost of each draft length (measured once per machine and model)"
 
 
-def _decode(args: argparse.Namespace, target, drafter, requests, relaxed, on_step, progress):
+def _decode(settings: GenerateSettings, target, drafter, on_step, progress):
     """Speculative decoding of the requests, then plain decoding with --compare -> batch.BatchRun."""
+    requests, drafts = settings.requests, settings.drafts
     try:
         return run_requests(
             target,
             drafter,
             requests,
-            k=args.draft_tokens,
-            tree=args.tree,
-            draft_proposal=args.draft_proposal,
-            thinking=_thinking_regions(args, target),
-            relaxed=relaxed,
+            k=drafts.k,
+            tree=drafts.tree,
+            draft_proposal=drafts.proposal,
+            thinking=_thinking_regions(settings.thinking, target),
+            relaxed=settings.relaxed,
             on_step=on_step,
-            compare=args.compare,
+            compare=settings.compare,
             around_plain=lambda: progress.step("decoding again without speculation"),
         )
     except GrammarDeadEnd as err:
         origin = requests[err.row].origin if err.row is not None else ""
-        raise _request_error(args, f"{origin}: {err.reason}" if origin else err) from None
+        raise _request_error(settings, f"{origin}: {err.reason}" if origin else err) from None
     except (GrammarError, ContextOverflow) as err:
-        raise _request_error(args, err) from None
+        raise _request_error(settings, err) from None
 
 
-def _request_error(args: argparse.Namespace, err: Exception | str) -> UsageError:
+def _request_error(settings: GenerateSettings, err: Exception | str) -> UsageError:
     """An error about a request as the command shows it: with --requests, every request is a line of the
     file and the message (which names it by its `Request.origin`, "line 3: ...") begins with the flag and
     file, as the file's own errors do (`settings`): one way of naming a line everywhere."""
-    return UsageError(f"--requests {args.requests}: {err}" if args.requests is not None else str(err))
+    return UsageError(str(err) if settings.single else f"--requests {settings.requests_file}: {err}")
 
 
-def _thinking_regions(args: argparse.Namespace, target):
-    """The ThinkingRegions of --think-begin/--think-end in the target's tokenizer (None without them)."""
-    if args.think_begin is None:
+def _thinking_regions(tokens: tuple[str, str] | None, target):
+    """The ThinkingRegions of the (--think-begin, --think-end) tokens in the target's tokenizer (None
+    without them)."""
+    if tokens is None:
         return None
     try:
-        begin = target.tokenizer.token_id(args.think_begin)
-        end = target.tokenizer.token_id(args.think_end)
+        begin, end = (target.tokenizer.token_id(token) for token in tokens)
         return ThinkingRegions(begin, end)
     except ValueError as err:
         raise UsageError(f"--think-begin/--think-end: {err}") from None
 
 
-def _load_models(args: argparse.Namespace, settings: GenerateSettings, progress):
-    """The target and the drafter the arguments name, for the settings' draft shape (chains or trees) ->
-    (LoadedModel, drafter). The models named and the requests' fit in the target's context are checked
-    before any weights load."""
-    drafts_with_model = args.drafter in NEEDS_DRAFT_MODEL
-    names = {"--model": args.model, "--draft-model": args.draft_model if drafts_with_model else None}
+def _check_models(settings: GenerateSettings) -> None:
+    """The models named on the engine, and the requests' fit in the target's context, checked before any
+    weights load."""
+    engine = settings.engine
+    names = {"--model": settings.model, "--draft-model": settings.drafts.draft_model}
     for flag, name in names.items():  # both checked before either is loaded
         if name is None:
             continue
         try:
-            check_engine(locate_model(name), args.engine, f16=args.llamacpp_f16)
+            check_engine(locate_model(name), engine.name, f16=engine.f16)
         except (MissingModel, ValueError) as err:
             raise UsageError(f"{flag}: {err}") from None
     requests = settings.requests
     try:
         check_prompts_fit(
-            locate_model(args.model),
-            args.engine,
+            locate_model(settings.model),
+            engine.name,
             [r.prompt for r in requests],
             [r.max_tokens for r in requests],
             [r.origin for r in requests],
         )
     except ContextOverflow as err:
-        raise _request_error(args, err) from None
+        raise _request_error(settings, err) from None
     except ValueError as err:  # a .gguf file that is not GGUF, or ends inside its header
         raise UsageError(f"--model: {err}") from None
-    engine = {"engine": args.engine, "threads": args.threads, "f16": args.llamacpp_f16}
-    first = converts_on_load(args.model, args.engine, args.llamacpp_f16)
-    with progress.step(f"loading {args.model}" + (" (the first run converts and caches it)" if first else "")):
+
+
+def _load_models(settings: GenerateSettings, progress):
+    """The target and the drafter the settings name, for their draft shape (chains or trees) ->
+    (LoadedModel, drafter). The models named and the requests' fit in the target's context are checked
+    before any weights load."""
+    _check_models(settings)
+    engine, drafts = settings.engine, settings.drafts
+    loading = {"engine": engine.name, "threads": engine.threads, "f16": engine.f16}
+    first = converts_on_load(settings.model, engine.name, engine.f16)
+    with progress.step(f"loading {settings.model}" + (" (the first run converts and caches it)" if first else "")):
         try:
-            target = load_model(args.model, **engine)
-            draft = load_model(args.draft_model, **engine) if drafts_with_model else None
+            target = load_model(settings.model, **loading)
+            draft = load_model(drafts.draft_model, **loading) if drafts.draft_model is not None else None
         except MissingModel as err:
             raise UsageError(str(err)) from None
     if draft is not None and draft.model.vocab_size != target.model.vocab_size:
@@ -266,6 +284,6 @@ def _load_models(args: argparse.Namespace, settings: GenerateSettings, progress)
             f"(vocabulary {draft.model.vocab_size} != {target.model.vocab_size})"
         )
     drafter_settings = DrafterSettings(
-        None if draft is None else draft.model, args.min_ngram, args.branching, args.sibling_draws
+        None if draft is None else draft.model, drafts.min_ngram, drafts.branching, drafts.sibling_draws
     )
-    return target, make_drafter(args.drafter, settings.shape, drafter_settings)
+    return target, make_drafter(drafts.drafter, drafts.shape, drafter_settings)

@@ -3,7 +3,6 @@ comparing speculative with plain decoding, and the same as one JSON object (`--j
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -20,6 +19,7 @@ from .loop.result import GenerationResult, StepEvent, speedup
 if TYPE_CHECKING:
     from .batch import BatchRun
     from .engines.loading import LoadedModel
+    from .settings import GenerateSettings
 
 ACCEPTED_STYLE = "bold green"
 RECOVERED_STYLE = "yellow"
@@ -187,8 +187,8 @@ def results_table(
     return table
 
 
-def json_report(args: argparse.Namespace, target: LoadedModel, run: BatchRun) -> str:
-    """Everything as one JSON object on one line: the settings (the parsed flags), a single request's fields
+def json_report(settings: GenerateSettings, target: LoadedModel, run: BatchRun) -> str:
+    """Everything as one JSON object on one line: the settings (the flags as given), a single request's fields
     at the top level, a batch's under "requests"."""
     spec, plain = run.speculative, run.plain
     each = [
@@ -208,8 +208,8 @@ def json_report(args: argparse.Namespace, target: LoadedModel, run: BatchRun) ->
     report = {
         "model": target.source,
         "load_seconds": round(target.seconds, 3),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "json", "prompt")},
-        **(each[0] if args.requests is None else {"requests": each}),
+        "settings": settings.flags,
+        **(each[0] if settings.single else {"requests": each}),
         "speculative": spec.summary(),
         "plain": plain.summary() if plain is not None else None,
         "identical": None if plain is None else all(run.identical),

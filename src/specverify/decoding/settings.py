@@ -1,5 +1,6 @@
-"""`specverify generate`'s flags, or a JSONL line over them, turned into validated requests before anything
-is loaded: every mistake a user can fix is one `UsageError` naming the flag, the rule and the value."""
+"""`specverify generate`'s flags, or a JSONL line over them, turned into validated settings (the requests, the
+models, the engine, the drafts) before anything is loaded: every mistake a user can fix is one `UsageError`
+naming the flag, the rule and the value, and the run reads the settings, never the parsed flags."""
 
 from __future__ import annotations
 
@@ -25,15 +26,72 @@ GRAMMAR_MODULES = ("llguidance", "jsonschema")
 
 
 @dataclass(frozen=True)
+class EngineSettings:
+    """What runs the models: the engine (a name of `engines.loading.ENGINES`), its CPU threads, and whether
+    llama.cpp runs F16 copies of GGUF files (--engine, --threads, --llamacpp-f16)."""
+
+    name: str
+    threads: int
+    f16: bool
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """How drafts are made and verified: the drafter (a name of `drafting.registry.DRAFTER_NAMES`), the draft
+    model named (None unless the drafter drafts with one), K per step (an int >= 0 or "auto"), the tree's
+    nodes (None: chains of K), the proposal ("argmax" or "sampled"), the n-gram drafters' shortest suffix and
+    a model tree's children per node and sibling draws."""
+
+    drafter: str
+    draft_model: str | None
+    k: int | str
+    tree: int | None
+    proposal: str
+    min_ngram: int
+    branching: int
+    sibling_draws: str
+
+    @property
+    def shape(self) -> str:
+        """ "chain" or "tree": what a step drafts and verifies."""
+        return "chain" if self.tree is None else "tree"
+
+    @property
+    def described(self) -> str:
+        """The draft length as the live view's first line shows it: "K=4", "K=auto" or "tree of 6 nodes"."""
+        return f"K={self.k}" if self.tree is None else f"tree of {self.tree} nodes"
+
+
+@dataclass(frozen=True)
 class GenerateSettings:
-    """A checked `generate` command: its requests (one for PROMPT or --example, one per line of
-    --requests), whether it is that single prompt (streamed as it decodes), the draft shape ("chain" or
-    "tree") and the relaxed rule (relaxed_topk, relaxed_delta) or None."""
+    """A checked `generate` command, everything its run reads: the requests (one for PROMPT or --example,
+    one per line of --requests) and the --requests file (None for that single prompt, which is streamed as
+    it decodes), the target model named, the engine, the drafts, the thinking-region tokens as given
+    (--think-begin, --think-end; None without them) and the relaxed rule (relaxed_topk, relaxed_delta) or
+    None, whether plain decoding runs beside (--compare), the output (--json, --details), and `flags`: the
+    parsed flags as given, less PROMPT, --json and the dispatcher's `run`, which the JSON report records."""
 
     requests: list[Request]
-    single: bool
-    shape: str
+    requests_file: str | None
+    model: str
+    engine: EngineSettings
+    drafts: DraftSettings
+    thinking: tuple[str, str] | None
     relaxed: tuple[int, float] | None
+    compare: bool
+    json: bool
+    details: bool
+    flags: dict[str, object]
+
+    @property
+    def single(self) -> bool:
+        """Whether the command decodes the one PROMPT or --example (streamed as it decodes)."""
+        return self.requests_file is None
+
+
+#: What the JSON report's record of the flags leaves out: PROMPT (the report shows it beside its request),
+#: --json (the report is its output) and the dispatcher's `run`.
+UNRECORDED_FLAGS = ("run", "json", "prompt")
 
 
 def draft_length_argument(value: str) -> int | str:
@@ -50,14 +108,41 @@ def draft_length_argument(value: str) -> int | str:
 
 
 def generate_settings(args: argparse.Namespace) -> GenerateSettings:
-    """Check every generate argument that can be checked without a model -> GenerateSettings."""
+    """Check every generate argument that can be checked without a model -> GenerateSettings, the only thing
+    the run reads."""
     prompt, params = _prompt_and_params(args)
     relaxed = _relaxed_setting(args)
     require_modules(DEMO_MODULES, "generate")
     engine = ENGINES[args.engine]
     require_modules(engine.modules, f"--engine {engine.name}", engine.extra)
     requests = _requests(args, prompt, params, _grammar_setting(args))
-    return GenerateSettings(requests, args.requests is None, "chain" if args.tree is None else "tree", relaxed)
+    return GenerateSettings(
+        requests=requests,
+        requests_file=args.requests,
+        model=args.model,
+        engine=EngineSettings(args.engine, args.threads, args.llamacpp_f16),
+        drafts=_draft_settings(args),
+        thinking=None if args.think_begin is None else (args.think_begin, args.think_end),
+        relaxed=relaxed,
+        compare=args.compare,
+        json=args.json,
+        details=args.details,
+        flags={name: value for name, value in vars(args).items() if name not in UNRECORDED_FLAGS},
+    )
+
+
+def _draft_settings(args: argparse.Namespace) -> DraftSettings:
+    """The checked drafter flags as DraftSettings (the draft model only where the drafter drafts with one)."""
+    return DraftSettings(
+        drafter=args.drafter,
+        draft_model=args.draft_model if args.drafter in NEEDS_DRAFT_MODEL else None,
+        k=args.draft_tokens,
+        tree=args.tree,
+        proposal=args.draft_proposal,
+        min_ngram=args.min_ngram,
+        branching=args.branching,
+        sibling_draws=args.sibling_draws,
+    )
 
 
 def _prompt_and_params(args: argparse.Namespace) -> tuple[str | None, SamplingParams]:

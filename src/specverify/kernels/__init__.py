@@ -1,26 +1,26 @@
-"""The hot loops, one backend per device, behind one interface: `backend_for(t)` and one function per op.
+"""The hot loops, one backend per device, behind one interface (interface.py): `ops_for(t)` and its ops.
 
 Backends: `native` (compiled C kernels, CPU tensors), `triton` (Triton kernels, CUDA tensors; CPU tensors
-under Triton's interpreter) and `torch` (the reference code in the rooms above, which runs everywhere).
-The device of an op's first tensor chooses: CPU -> native, CUDA -> triton, anything else -> torch; where
-the chosen backend cannot run (no C compiler, triton not installed) it is reported once by a warning and
-torch runs instead. `SPECVERIFY_BACKEND=torch|native|triton` forces one for every op (read at each call,
-so tests can switch); an unknown value, or a forced backend that cannot run on the tensors, raises.
+under Triton's interpreter) and `torch` (reference/: plain torch, which runs everywhere). The device of
+an op's first tensor chooses: CPU -> native, CUDA -> triton, anything else -> torch; where the chosen
+backend cannot run (no C compiler, triton not installed) it is reported once by a warning and torch runs
+instead. `SPECVERIFY_BACKEND=torch|native|triton` forces one for every op (read at each call, so tests
+can switch); an unknown value, or a forced backend that cannot run on the tensors, raises.
 
-The interface (backend.py): `backend_for(t)` is the `Backend` that runs ops on t, and callers ask it what
-it declares, never its name: `.compiled` (it runs the ops below; else the caller runs its torch
-reference, the `TORCH` backend, which has no ops), `.runs_whole_calls` (`verify_rows` runs a whole
-verifier call: every rule and the first rejection in one launch) and `.skips_rows_cheaply` (`weigh_rows`
-skips rows with a negative source for free). They then call the op by its name here; `.name` is for
-reports (the bench). The op functions below are the interface's signatures and shapes.
+Callers take `ops_for(t)` (the module of `backend_for(t)`) and call an op of interface.Ops by its name;
+the ops' signatures, shapes and meaning are declared there once. What a backend declares beyond them
+(backend.py): `.runs_whole_calls` (`verify_rows` runs a whole verifier call: every rule and the first
+rejection in one launch), `.draws_rows` (the target rows of a chain call drawn without their weights
+written out) and `.skips_rows_cheaply` (`weigh_rows` skips rows with a negative source for free); `.name`
+is for reports (the bench).
 
-Adding a backend: (1) a package kernels/<name>/ with every op of backend.ROW_OPS (and `verify_rows` if
-it runs whole calls), same arguments and results as here, and a module-level `BACKEND = Backend(name,
+Adding a backend: (1) a package kernels/<name>/ with a function for every op of interface.Ops (and
+`verify_rows` or the DRAW_OPS where it declares them), and a module-level `BACKEND = Backend(name,
 sys.modules[__name__], <its capabilities>)` (checked on import for the ops it declares); (2) a loader
 here returning that BACKEND or None (raising where forced and it cannot run), and its line in LOADERS
 (the default device choice in `backend_for` if it is to run unforced); (3) its name in tests/conftest.py's
-backend list, so that it passes what every backend must: tests/kernels/test_backends.py and tests/core/test_tree.py
-(`each_backend`), then the parity and statistics checks of `specverify check` on its device.
+backend list, so that it passes what every backend must: tests/kernels/test_backends.py and the tests
+that take `each_backend`, then the parity and statistics checks of `specverify check` on its device.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The interface of a backend: what each one declares about itself (its name, its ops, what it can do).
 
-Every compiled backend implements each op of ROW_OPS (signatures and shapes: the dispatch functions of
-kernels/), and `verify_rows` too where it declares `runs_whole_calls`; the declaration checks its module
-for them, so a backend missing one fails when it is imported, not at its first call.
+Every backend implements each op of ROW_OPS (signatures and shapes: interface.Ops), `verify_rows` too
+where it declares `runs_whole_calls`, and the DRAW_OPS where it declares `draws_rows`; the declaration
+checks its module for them, so a backend missing one fails when it is imported, not at its first call.
 """
 
 from __future__ import annotations

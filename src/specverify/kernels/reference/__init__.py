@@ -12,9 +12,9 @@ import sys
 
 import torch
 
-from ...selection import largest_reaching_threshold
 from ..backend import Backend
 from ..interface import FROM_RESIDUAL, HOLDS_ABOVE_MINUS_INF, HOLDS_NAN_OR_INF, WITHOUT_DRAFT
+from .selection import largest_reaching_threshold
 
 
 def block_sums(weights: torch.Tensor, block: int) -> torch.Tensor:

@@ -18,6 +18,12 @@ ROW_STRIDE = 0x9E3779B97F4A7C15
 #: Seeds and keys are uint64 (SPEC §4): arithmetic on them is taken modulo 2**64 by this mask.
 MASK64 = (1 << 64) - 1
 
+#: Rows with temperature below this are greedy (SPEC §3.3).
+GREEDY_TEMPERATURE = 1e-5
+#: Boundaries given as fractions (top_p's mass, min_p's ratio) are met within this relative float32
+#: rounding, so that a token exactly on the boundary in exact arithmetic is kept (SPEC §2 steps 4-5).
+BOUNDARY_RTOL = 1e-6
+
 DraftProposal = Literal["argmax", "sampled"]
 #: How drafts were proposed (SPEC §1): "argmax" (any deterministic drafter) or "sampled" (drawn from q).
 DRAFT_PROPOSALS: tuple[DraftProposal, ...] = ("argmax", "sampled")

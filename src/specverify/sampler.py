@@ -1,62 +1,24 @@
 """`stochastic_acceptance_sampler` and its family (SPEC §1, §7).
 
-One call: check the arguments -> mask the logits with the grammar bitmasks -> build each position's
-truncated target weights -> draw one keyed uniform per (row, position, stream) -> judge every position
-with the rule of its row (greedy, relaxed, argmax or sampled) -> take the first rejection. Where the
-backend runs whole calls (Triton, on CUDA), everything after the checks is one kernel; where it draws rows
-(the C kernels, on the CPU), so is every call without thinking rows (verdicts.drawn_verdicts).
+One call: check the arguments -> the backend's `verify_chain` (kernels/interface.py) -> its outputs. The
+backend masks the logits with the grammar bitmasks, builds each position's truncated target weights,
+draws one keyed uniform per (row, position, stream), judges every position with the rule of its row
+(greedy, relaxed, argmax or sampled) and takes the first rejection: in one kernel (Triton, on CUDA; the
+C kernels on the CPU, for every call without thinking rows) or in stages over its per-row ops
+(kernels/stages/chain.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import block_size, sample_from_weights, total_weight
 from .contract import DRAFT_PROPOSALS
-from .rng import (
-    HOST_KEYS,
-    STREAM_ACCEPT,
-    STREAM_RESIDUAL,
-    STREAM_TARGET,
-    keyed_uniform,
-    keyed_uniform_read,
-    per_row_seeds,
-    row_keys,
-    stream_salt,
-)
-from .truncation import (
-    greedy_tokens,
-    is_greedy,
-    keyed_draws_read,
-    per_position_rows,
-    target_draws,
-    truncated_weights,
-)
-from .verdicts import (
-    argmax_verdict,
-    drawn_verdicts,
-    first_rejections_read,
-    greedy_verdict,
-    ratio_test,
-    relaxed_verdict,
-    sampled_verdict,
-    whole_call_verdicts,
-)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Which work a call needs, known on the host without reading device data unless validating."""
-
-    stochastic_rows: tuple[int, ...] | None  # rows sampled from p~ (None: all rows, not known on the host)
-    greedy_rows: tuple[int, ...] | None  # greedy rows (None: all rows)
-    relaxed_rows: tuple[int, ...] | None  # relaxed rows (None: all rows)
-    reads_host: bool = False  # small tensors may be read to the host (a validating call)
+from .kernels.interface import ChainCall, HostValues, Relaxed
+from .rng import HOST_KEYS
 
 
 def _hint(name: str, value: object, validate: bool, kind: type) -> int | float | None:
@@ -200,18 +162,15 @@ def stochastic_acceptance_sampler(
     )
     host = checks.host_values(temperature, top_k, top_p, min_p) if validate else None
     # the hints are checked against the rows' top_k and top_p, read to the host when validating
-    top_k_values, top_p_values = host[1:3] if host else (top_k.tolist(), top_p.tolist()) if validate else (None, None)
+    top_k_values, top_p_values = None, None
+    if validate:
+        top_k_values, top_p_values = (host[1], host[2]) if host else (top_k.tolist(), top_p.tolist())
     _check_max_k(_hint("max_k", max_k, validate, int), top_k_values, validate)
     _check_min_top_p(_hint("min_top_p", min_top_p, validate, float), top_p_values, validate)
 
-    # a small argmax-mode call on the CPU that checks values is judged on the host (_verify_read)
-    on_host = (
-        host is not None
-        and in_thinking_phase is None
-        and draft_proposal == "argmax"
-        and batch * (positions + 1) <= HOST_KEYS
-    )
-    draft_values = draft_tokens.tolist() if on_host else None
+    # a small argmax-mode call that checks values reads its drafts once, for the check and the backend
+    small = batch * (positions + 1) <= HOST_KEYS and in_thinking_phase is None and draft_proposal == "argmax"
+    draft_values = draft_tokens.tolist() if host is not None and small else None
     masked = None
     if validate:
         masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
@@ -223,269 +182,19 @@ def stochastic_acceptance_sampler(
             checks.check_draft_probs(draft_probs_full)
         if token_bitmasks is not None:
             checks.check_some_allowed("token_bitmasks", masked)
-    backend = kernels.backend_for(logits)  # (masked, made from logits, lives on its device)
-    if backend.runs_whole_calls:
-        return whole_call_verdicts(
-            draft_tokens,
-            logits,
-            token_bitmasks,
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            seed,
-            shared_seed,
-            in_thinking_phase,
-            relaxed_topk,
-            relaxed_delta,
-            draft_probs_full,
-        )
-    if masked is None:
-        masked = logits if token_bitmasks is None else apply_bitmask(logits, token_bitmasks)
-    if in_thinking_phase is None and backend.draws_rows:
-        return drawn_verdicts(
-            draft_tokens, masked, temperature, top_k, top_p, min_p, seed, shared_seed, draft_probs_full
-        )
-    if on_host:
-        params = (temperature, top_k, top_p, min_p)
-        return _verify_read(draft_values, masked, params, host[0], (seed, shared_seed))
-    if validate:
-        greedy = is_greedy(temperature).tolist()
-        thinking = [False] * batch if in_thinking_phase is None else in_thinking_phase.tolist()
-        plan = _Plan(
-            stochastic_rows=tuple(row for row in range(batch) if not greedy[row]),
-            greedy_rows=tuple(row for row in range(batch) if greedy[row]),
-            relaxed_rows=tuple(row for row in range(batch) if thinking[row] and not greedy[row]),
-            reads_host=True,
-        )
-    else:
-        plan = _Plan(stochastic_rows=None, greedy_rows=None, relaxed_rows=None)
-
-    draft = _draft_or_padding(draft_tokens, vocab) if positions else draft_tokens.to(torch.int64)
-    first, recovered, bonus = _verify(
-        draft,
-        masked,
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        (seed, shared_seed),
-        plan,
-        in_thinking_phase,
-        relaxed_topk,
-        relaxed_delta,
-        draft_probs_full,
+    call = ChainCall(
+        draft_tokens=draft_tokens,
+        logits=logits,
+        bitmask=token_bitmasks,
+        masked=masked,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        shared_seed=shared_seed,
+        relaxed=None if in_thinking_phase is None else Relaxed(in_thinking_phase, relaxed_topk, relaxed_delta),
+        draft_probs=draft_probs_full,
+        host=HostValues(temperatures=host[0] if host else None, draft=draft_values) if validate else None,
     )
-    return first, recovered, bonus
-
-
-def _verify_read(
-    draft: list[list[int]],
-    masked: torch.Tensor,
-    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
-    temperatures: list[float],
-    seed: tuple[int | torch.Tensor, bool],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verdicts of a small argmax-mode batch on the CPU with its values read to the host (a checking
-    call): the outputs of _verify bit for bit, with the bookkeeping on Python lists, since at such sizes the
-    fixed cost of each torch op, not the vocabulary pass, is what a call costs. draft: B lists of K checked
-    ids (-1: none); masked: [B, K+1, V] CPU; params: the rows' checked temperature, top_k, top_p, min_p
-    [B]; temperatures: the temperatures as a list; seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
-    greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
-    batch, per_position, vocab = masked.shape
-    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position)
-    rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
-    first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
-    return (
-        torch.tensor(first, dtype=torch.int64),
-        torch.tensor(recovered, dtype=torch.int64).view(batch, per_position - 1),
-        torch.tensor(bonus, dtype=torch.int64).view(batch, 1),
-    )
-
-
-def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int64 [B, K] with -1 at every position from a row's first non-id (-1, or out of range) onward."""
-    draft = draft_tokens.to(torch.int64)
-    present = ((draft >= 0) & (draft < vocab)).to(torch.int64).cumprod(-1).bool()
-    return torch.where(present, draft, -1)
-
-
-def _verify(
-    draft: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seed: tuple[int | torch.Tensor, bool],
-    plan: _Plan,
-    in_thinking_phase: torch.Tensor | None,
-    relaxed_topk: int | None,
-    relaxed_delta: float | None,
-    draft_probs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V]; seed: the
-    checked seed and whether it is shared (checks.check_seed), spread to rows only where a row samples.
-
-    Each rule runs on the rows the plan gives it (all rows when the plan does not know); every
-    computation is row-independent, so a row's outputs do not depend on which rows ran beside it.
-    """
-    batch, positions = draft.shape
-    device = masked.device
-    outputs = None  # (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B]), zeros until a rule writes
-
-    rows = plan.stochastic_rows
-    if rows is not None and 2 * len(rows) >= batch:
-        rows = None  # cheaper to run every row than to copy most of the logits
-    # p~ of a greedy row is one-hot at its argmax, so the stochastic rules commit for it what the greedy
-    # rule does: when they run on every row, greedy rows need nothing more
-    greedy_done = rows is None
-    if _any(rows):
-        index = _index(rows, batch, device)
-        seeds = per_row_seeds(*seed, batch, device)
-        parts = _stochastic_verdicts(
-            *(_pick(t, index) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
-            plan,
-            _pick(draft_probs, index),
-        )
-        outputs = _merge(outputs, parts, index, None, batch)
-
-    rows = plan.relaxed_rows
-    if in_thinking_phase is not None and _any(rows):
-        index = _index(rows, batch, device)
-        parts = relaxed_verdict(_pick(draft, index), _pick(masked, index), relaxed_topk, relaxed_delta)
-        thinking = in_thinking_phase & ~is_greedy(temperature) if rows is None else None
-        outputs = _merge(outputs, parts, index, thinking, batch)
-
-    rows = plan.greedy_rows
-    if not greedy_done and _any(rows):
-        index = _index(rows, batch, device)
-        target_argmax = greedy_tokens(_pick(masked, index))
-        parts = (*greedy_verdict(_pick(draft, index), target_argmax[:, :positions]), target_argmax[:, positions])
-        outputs = _merge(outputs, parts, index, None, batch)
-
-    accepted, recovered, bonus = outputs if outputs is not None else _zeros(batch, positions, device)
-    return _first_rejection(accepted), recovered, bonus[:, None]
-
-
-def _any(rows: tuple[int, ...] | None) -> bool:
-    """Whether a rule has rows to judge (None: every row may need it)."""
-    return rows is None or len(rows) > 0
-
-
-def _index(rows: tuple[int, ...] | None, batch: int, device: torch.device) -> torch.Tensor | None:
-    """The rows as an int64 index tensor; None for every row (None, or all `batch` rows)."""
-    return None if rows is None or len(rows) == batch else torch.tensor(rows, dtype=torch.int64, device=device)
-
-
-def _pick(value: torch.Tensor | None, index: torch.Tensor | None) -> torch.Tensor | None:
-    """value restricted to the given rows (sorted, distinct; None: value itself)."""
-    return value if index is None or value is None else value.index_select(0, index)
-
-
-def _zeros(batch: int, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Batch outputs before any rule writes: (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B])."""
-    return (
-        torch.zeros(batch, positions, dtype=torch.bool, device=device),
-        torch.zeros(batch, positions, dtype=torch.int64, device=device),
-        torch.zeros(batch, dtype=torch.int64, device=device),
-    )
-
-
-def _merge(
-    outputs: tuple | None, parts: tuple, index: torch.Tensor | None, rule_rows: torch.Tensor | None, batch: int
-) -> tuple:
-    """Write a rule's outputs over the batch outputs (None: all zeros, made only where some stay): at the
-    rows of `index`, or where `rule_rows` (bool [B]) holds, or at every row when both are None. Outputs
-    without a counterpart in `parts` stay as they are."""
-    covers_all = index is None and rule_rows is None
-    if outputs is None:
-        if covers_all and len(parts) == 3:
-            return parts
-        outputs = _zeros(batch, parts[0].shape[1], parts[0].device)
-    merged = []
-    for position, output in enumerate(outputs):
-        if position >= len(parts):
-            merged.append(output)
-        elif covers_all:
-            merged.append(parts[position])
-        elif rule_rows is not None:
-            merged.append(torch.where(rule_rows.view(-1, *[1] * (output.dim() - 1)), parts[position], output))
-        else:
-            merged.append(output.index_copy(0, index, parts[position]))
-    return tuple(merged)
-
-
-def _stochastic_verdicts(
-    draft: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seeds: torch.Tensor,
-    plan: _Plan,
-    draft_probs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SPEC §3.1/3.2 for the given rows -> (accepted bool [R, K], recovered int64 [R, K], bonus int64 [R])."""
-    batch, positions = draft.shape
-    vocab = masked.shape[-1]
-    per_position = positions + 1
-    if kernels.backend_for(masked).draws_rows:
-        return _drawn_verdicts(draft, masked, temperature, top_k, top_p, min_p, seeds, draft_probs)
-    weights, sums = truncated_weights(
-        masked.reshape(-1, vocab), *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p))
-    )
-    keys = row_keys(seeds, per_position)
-    uniform = keyed_uniform_read if plan.reads_host else keyed_uniform
-    target_uniforms = uniform(keys, STREAM_TARGET)
-    if draft_probs is None:
-        target_sample = sample_from_weights(weights, target_uniforms.view(-1), sums).view(batch, per_position)
-        accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
-        return accepted, recovered, target_sample[:, positions]
-    weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
-    accepted, recovered = sampled_verdict(
-        draft,
-        weights,
-        sums,
-        draft_probs,
-        uniform(keys[:, :positions], STREAM_ACCEPT),
-        uniform(keys[:, :positions], STREAM_RESIDUAL),
-    )
-    bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
-    return accepted, recovered, bonus
-
-
-def _drawn_verdicts(
-    draft: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seeds: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """_stochastic_verdicts where the backend `draws_rows`: the same verdicts bit for bit, each row weighed
-    and drawn inside one kernel (target_draws), the uniforms of every stream keyed there, the weights written out only where sampled mode hands a large kept set to the recovery."""
-    batch, positions = draft.shape
-    vocab = masked.shape[-1]
-    per_position = positions + 1
-    rows = masked.reshape(-1, vocab)
-    if draft_probs is None:
-        tokens = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds).view(batch, per_position)
-        accepted, recovered = argmax_verdict(draft, tokens[:, :positions])
-        return accepted, recovered, tokens[:, positions]
-    drawn = target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
-    tokens, at_draft, accept_uniforms, sums, kept = drawn
-    target_mass = total_weight(sums.view(batch, per_position, sums.shape[-1]))[:, :positions]
-    accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
-    drawn = kernels.ops_for(draft_probs).recover_kept_rows(
-        kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)
-    )
-    return accepted, torch.where(accepted, draft, drawn), tokens.view(batch, per_position)[:, positions]
-
-
-def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
-    """Index of the first False per row, K when none. accepted: bool [B, K] -> int64 [B]."""
-    return torch.cumprod(accepted, -1, dtype=torch.int64).sum(-1)
+    return kernels.ops_for(logits).verify_chain(call)

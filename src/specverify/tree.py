@@ -18,7 +18,7 @@ What one step does at the current node (p~ its truncated target, SPEC §2):
   rejection r = max(0, r - q) renormalised (without replacement q also loses c, renormalised). When every
   child is rejected a draw from r is committed (residual stream; p~ when r has no mass).
 - a leaf (no child): the bonus, a draw from p~ (target stream).
-Rank 0 is judged by `verdicts.sampled_verdict`, the chain's own rule, so a tree whose nodes form one chain
+Rank 0 is judged by `stages.rules.sampled_verdict`, the chain's own rule, so a tree whose nodes form one chain
 gives the chain verifier's results bit for bit; later ranks carry r and q as float32 rows.
 """
 
@@ -28,11 +28,11 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .categorical import sample_from_weights, total_weight
 from .contract import DRAFT_PROPOSALS, SIBLING_DRAWS
+from .kernels.stages.categorical import sample_from_weights, total_weight
+from .kernels.stages.rules import sampled_verdict
+from .kernels.stages.weights import is_greedy, truncated_weights
 from .rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, per_row_seeds, sibling_stream
-from .truncation import is_greedy, truncated_weights
-from .verdicts import sampled_verdict
 
 
 def tree_acceptance_sampler(

@@ -12,6 +12,8 @@ import torch
 
 import specverify as sv
 from specverify import checks
+from specverify.contract import GREEDY_TEMPERATURE
+from specverify.kernels.stages.weights import is_greedy, is_greedy_value
 from specverify.rng import (
     HOST_KEYS,
     keyed_uniform,
@@ -21,7 +23,6 @@ from specverify.rng import (
     row_seeds_read,
     row_uniforms_read,
 )
-from specverify.truncation import GREEDY_TEMPERATURE, is_greedy, is_greedy_value
 from tests.support.invariants import outputs_equal
 
 EXTREME_KEYS = [0, 1, -1, 2**63 - 1, -(2**63), 0x9E3779B97F4A7C15 - 2**64, 12345678901234567]

@@ -14,6 +14,7 @@ import specverify as sv
 from specverify import kernels
 from specverify.cli import main
 from specverify.kernels import native
+from specverify.kernels.backend import ROW_OPS, WHOLE_CALL_OPS
 from tests.support.backends import backend_path, native_available, triton_available
 from tests.support.invariants import check_output_invariants
 
@@ -78,24 +79,23 @@ def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
 
 
 def test_each_backend_declares_what_it_can_do(each_backend):
-    """What the rooms above ask of a backend (kernels/backend.py): native skips rows for free, Triton runs
-    whole verifier calls, the torch reference declares nothing beyond the per-row ops."""
+    """What a tree's walk asks of a backend (kernels/backend.py): native skips rows for free, Triton and the
+    torch reference do not; every backend has every op of kernels/interface.py."""
     declared = kernels.backend_for(torch.zeros(1))
     assert declared.name == each_backend
-    expected = {"native": (False, True), "triton": (True, False), "torch": (False, False)}
-    assert (declared.runs_whole_calls, declared.skips_rows_cheaply) == expected[each_backend]
+    assert declared.skips_rows_cheaply == (each_backend == "native")
+    assert all(callable(getattr(declared.ops, op)) for op in WHOLE_CALL_OPS + ROW_OPS)
 
 
 def test_a_backend_missing_a_declared_op_fails_when_it_is_declared():
     from types import SimpleNamespace
 
-    from specverify.kernels.backend import ROW_OPS
-
     ops = SimpleNamespace(__name__="partial", **{op: print for op in ROW_OPS if op != "scan_rows"})
-    with pytest.raises(TypeError, match="backend 'partial' declares ops its module partial lacks: scan_rows"):
+    with pytest.raises(
+        TypeError,
+        match="backend 'partial' lacks ops of kernels/interface.py in its module partial: verify_chain, scan_rows",
+    ):
         kernels.Backend(name="partial", ops=ops)
-    with pytest.raises(TypeError, match="lacks: scan_rows, verify_rows"):
-        kernels.Backend(name="partial", ops=ops, runs_whole_calls=True)
 
 
 def _fresh_load(monkeypatch, tmp_path):
@@ -194,7 +194,7 @@ def test_every_backend_keeps_the_output_invariants(each_backend):
 def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each_backend):
     """source picks the logits row of each output row (read in place by the compiled backends): the same
     weights and sums as weighing the gathered rows; a row with a negative source has zero sums."""
-    from specverify.truncation import truncated_weights
+    from specverify.kernels.stages.weights import truncated_weights
 
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(7, 300, generator=g)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specverify.categorical import block_size
-from specverify.kernels import native
+from specverify.contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
+from specverify.kernels import block_size, native
 from specverify.rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, row_keys, stream_salt
-from specverify.truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE
 from tests.support.backends import native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from specverify.categorical import block_size
-from specverify.kernels import native
-from specverify.truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE
+from specverify.contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
+from specverify.kernels import block_size, native
 from tests.support.backends import native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")

@@ -138,8 +138,8 @@ def test_kept_sets_equal_the_torch_reference_and_the_float64_law(vocab, ties, dt
 
 def test_per_op_kernels_match_the_torch_reference():
     """argmax (ties, NaN), sample, recovery and relaxed ops through the dispatch: the same tokens as torch."""
-    from specverify.truncation import greedy_tokens
-    from specverify.verdicts import relaxed_verdict
+    from specverify.kernels.stages.rules import relaxed_verdict
+    from specverify.kernels.stages.weights import greedy_tokens
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(48, 700, generator=g).round()

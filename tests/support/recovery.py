@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from specverify import kernels
-from specverify.categorical import block_sums
-from specverify.verdicts import recovery_draw
+from specverify.kernels.stages.categorical import block_sums
+from specverify.kernels.stages.rules import recovery_draw
 
 DRAWS = 4000
 

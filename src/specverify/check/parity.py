@@ -20,9 +20,8 @@ import torch
 
 import specverify as sv
 
-from ..contract import PAD
+from ..contract import GREEDY_TEMPERATURE, PAD
 from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET
-from ..truncation import GREEDY_TEMPERATURE
 from .targets import Target, run_truncated_probs, run_verifier
 
 

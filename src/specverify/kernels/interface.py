@@ -13,6 +13,7 @@ flags.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -99,3 +100,49 @@ class Ops(Protocol):
         delta: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (bool [B, K], int64 [B, K])
         """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token."""
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """The relaxed rule's arguments (SPEC §3.4): the rows in their thinking phase and the rule's limits."""
+
+    thinking: torch.Tensor  # bool [B]
+    topk: int  # >= 1
+    delta: float  # >= 0
+
+
+@dataclass(frozen=True)
+class HostValues:
+    """What a validating call read to the host, for the stages that can use it (a validating call may read
+    more: which rows each rule judges)."""
+
+    temperatures: list[float] | None  # [B], where the checks read them (CPU tensors, B <= checks.HOST_ROWS)
+    draft: list[list[int]] | None  # [B][K], read where the call is small enough to judge on the host
+
+
+@dataclass(frozen=True)
+class ChainCall:
+    """One checked chain verifier call (SPEC §1-§5), as `verify_chain` receives it."""
+
+    draft_tokens: torch.Tensor  # int32/int64 [B, K] as given: an id outside [0, V) and all after it are padding
+    logits: torch.Tensor  # float [B, K + 1, V], unmasked; position K scores the bonus
+    bitmask: torch.Tensor | None  # int32 [B, K + 1, ceil(V / 32)], the grammar's allowed tokens
+    masked: torch.Tensor | None  # float [B, K + 1, V]: logits with the bitmask applied, where the checks made it
+    temperature: torch.Tensor  # float [B], < greedy threshold: a greedy row
+    top_k: torch.Tensor  # int [B], <= 0: no limit
+    top_p: torch.Tensor  # float [B]
+    min_p: torch.Tensor | None  # float [B]
+    seed: int | torch.Tensor  # an int or int64 [] shared (row b keyed s + b * ROW_STRIDE), or int64 [B]
+    shared_seed: bool
+    relaxed: Relaxed | None
+    draft_probs: torch.Tensor | None  # float [B, K, V], q of sampled drafts; None: argmax drafts
+    host: HostValues | None  # a validating call: what it read to the host; None: no host read allowed
+
+
+class WholeCallOps(Protocol):
+    """The whole-call ops of a backend: what the verifier's public functions call, one name each."""
+
+    def verify_chain(self, call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every rule of SPEC §3 for every row of a chain call and the first rejection -> (first_rejected_idx
+        int64 [B] (K when all accepted), recovered int64 [B, K] (accepted drafts before it, the replacement
+        at it), bonus int64 [B, 1])."""

@@ -18,8 +18,8 @@ from typing import Protocol
 
 import torch
 
-from ...categorical import sample_from_weights
 from ...contract import PAD
+from ...kernels.stages.categorical import sample_from_weights
 from ...rng import STREAM_DRAFT, keyed_uniform
 from ..params import RowParams
 

@@ -725,6 +725,8 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return accepted.bool(), top1
 
 
-#: What this backend declares (kernels/backend.py): every per-row op, rows with a negative source in
-#: weigh_rows skipped inside the kernel at next to no cost, and the target rows of a call drawn in place.
-BACKEND = Backend(name="native", ops=sys.modules[__name__], skips_rows_cheaply=True, draws_rows=True)
+from .chain import verify_chain as verify_chain  # noqa: E402 (the whole-call op, built on the ops above)
+
+#: What this backend declares (kernels/backend.py): rows with a negative source in weigh_rows skipped
+#: inside the kernel at next to no cost.
+BACKEND = Backend(name="native", ops=sys.modules[__name__], skips_rows_cheaply=True)

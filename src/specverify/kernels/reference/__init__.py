@@ -14,17 +14,8 @@ import torch
 
 from ..backend import Backend
 from ..interface import FROM_RESIDUAL, HOLDS_ABOVE_MINUS_INF, HOLDS_NAN_OR_INF, WITHOUT_DRAFT
+from ..stages.categorical import block_sums
 from .selection import largest_reaching_threshold
-
-
-def block_sums(weights: torch.Tensor, block: int) -> torch.Tensor:
-    """Sum of each `block` consecutive weights. weights: float [N, V] -> float64 [N, ceil(V / block)]."""
-    rows, vocab = weights.shape
-    full_blocks = vocab // block
-    sums = weights[:, : full_blocks * block].reshape(rows, full_blocks, block).sum(-1)
-    if vocab % block:
-        sums = torch.cat([sums, weights[:, full_blocks * block :].sum(-1, keepdim=True)], dim=-1)
-    return sums.to(torch.float64)
 
 
 def _scaled_weights(logits: torch.Tensor, temperature: torch.Tensor, greedy_below: float, out: torch.Tensor):
@@ -153,5 +144,7 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return (draft >= 0) & (p_draft > 0) & (rank < k) & close, top1
 
 
-#: What this backend declares (kernels/backend.py): every per-row op; a skipped row is weighed all the same.
+from ..stages.chain import verify_chain as verify_chain  # noqa: E402 (the whole-call op, in stages over the ops above)
+
+#: What this backend declares (kernels/backend.py): a skipped row is weighed all the same.
 BACKEND = Backend(name="torch", ops=sys.modules[__name__])

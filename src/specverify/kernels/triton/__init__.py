@@ -14,9 +14,9 @@ import sys
 
 import torch
 
-from ...contract import MASK64
+from ...contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE, MASK64
 from ..backend import Backend
-from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT
+from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall
 from . import jit
 
 #: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).
@@ -301,6 +301,29 @@ def verify_rows(
     return first, recovered, bonus
 
 
-#: What this backend declares (kernels/backend.py): every per-row op and whole verifier calls; a row
-#: skipped in weigh_rows costs as much as any (the rows are gathered first).
-BACKEND = Backend(name="triton", ops=sys.modules[__name__], runs_whole_calls=True)
+def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """interface.WholeCallOps.verify_chain: the whole call in one kernel (verify_rows), the grammar mask,
+    the padding of drafts that are not ids and the keys s_b + j all applied inside it."""
+    relaxed = call.relaxed
+    return verify_rows(
+        call.draft_tokens,
+        call.logits,
+        call.bitmask,
+        call.temperature,
+        call.top_k,
+        call.top_p,
+        call.min_p,
+        call.seed,
+        call.shared_seed,
+        None if relaxed is None else relaxed.thinking,
+        None if relaxed is None else relaxed.topk,
+        None if relaxed is None else relaxed.delta,
+        call.draft_probs,
+        GREEDY_TEMPERATURE,
+        BOUNDARY_RTOL,
+    )
+
+
+#: What this backend declares (kernels/backend.py): a row skipped in weigh_rows costs as much as any (the
+#: rows are gathered first).
+BACKEND = Backend(name="triton", ops=sys.modules[__name__])

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import torch
 
-from . import kernels
-from .kernels import block_size
+from .. import registry
+from ..interface import block_size
 
 
-def block_sums(weights: torch.Tensor) -> torch.Tensor:
-    """Sum of each block of consecutive weights. weights: float [N, V] -> float64 [N, ceil(V / block)]."""
-    return kernels.reference.block_sums(weights, block_size(weights.shape[-1]))
+def block_sums(weights: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """Sum of each `block` consecutive weights (None: block_size(V)). weights: float [N, V] -> float64
+    [N, ceil(V / block)]."""
+    rows, vocab = weights.shape
+    block = block or block_size(vocab)
+    full_blocks = vocab // block
+    sums = weights[:, : full_blocks * block].reshape(rows, full_blocks, block).sum(-1)
+    if vocab % block:
+        sums = torch.cat([sums, weights[:, full_blocks * block :].sum(-1, keepdim=True)], dim=-1)
+    return sums.to(torch.float64)
 
 
 def total_weight(sums: torch.Tensor) -> torch.Tensor:
@@ -41,5 +48,5 @@ def sample_from_weights(
     if not rows:
         return torch.zeros(0, dtype=torch.int64, device=weights.device)
     compiled_layout = weights.dtype == torch.float32 and weights.is_contiguous()
-    backend = kernels.backend_for(weights) if compiled_layout else kernels.TORCH
+    backend = registry.backend_for(weights) if compiled_layout else registry.torch_backend()
     return backend.ops.sample_rows(weights, sums, block_size(vocab), uniforms)

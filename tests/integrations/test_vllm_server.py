@@ -1,13 +1,15 @@
 """(slow) vLLM's OpenAI-compatible server with the plug-in on and n-gram speculation, started on a loopback port
 by this module and stopped at its end: real /v1/completions answers; a bounded load test where 36 concurrent
 seeded requests with mixed parameters (at least 32 running at once) all complete and each gives the token
-ids it gives alone; requests with bad parameters get vLLM's 4xx while the server keeps serving; data
-parallel 2 (two engine cores, each with the plug-in) gives the token ids of one engine.
+ids it gives alone; requests with bad parameters get vLLM's 4xx while the server keeps serving; top-k, min-p
+and top-p are honoured by their effect (every sampled token inside the set its parameter keeps, judged from
+raw logprobs at T = 1).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -148,3 +150,79 @@ def test_bad_parameters_get_a_4xx_and_the_server_keeps_serving(server, change, n
     assert named in json.dumps(answer), answer
     status, answer = _complete(server, {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, "temperature": 0})
     assert status == 200 and answer["choices"][0]["text"], answer
+
+
+#: One parameter per request at T = 1, and the test each sampled token must pass: (parameter, value).
+FILTERS = [("top_k", 5), ("min_p", 0.2), ("top_p", 0.6)]
+TOP = 20  # logprobs returned per position (vLLM's max_logprobs)
+FILTER_PROMPTS = [PROMPTS[0], PROMPTS[2], PROMPTS[4]]
+
+
+def _steps(answer: dict) -> list[tuple[float, list[float]]]:
+    """Per generated token of an answer requested with logprobs=TOP and return_tokens_as_token_ids:
+    (its raw logprob, the logprobs of the TOP most likely tokens (and of it), largest first)."""
+    logprobs = answer["choices"][0]["logprobs"]
+    ids = _token_ids(answer)
+    assert ids and len(logprobs["token_logprobs"]) == len(ids) == len(logprobs["top_logprobs"]), logprobs
+    steps = []
+    for token, chosen, top in zip(ids, logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert f"token_id:{token}" in top and len(top) >= TOP, top
+        steps.append((chosen, sorted(top.values(), reverse=True)))
+    return steps
+
+
+def _outside(parameter: str, value: float, chosen: float, top: list[float]) -> bool:
+    """Whether a token of raw logprob `chosen` (T = 1) falls outside what `parameter` = value keeps, judged
+    from the TOP largest logprobs `top` (largest first; a small tolerance for float32 rounding): rank >= k for
+    top_k; probability < min_p x the largest for min_p; the mass of the tokens more likely than it >= top_p
+    for top_p (the nucleus: the fewest most likely tokens whose mass reaches top_p)."""
+    above = [logprob for logprob in top if logprob > chosen + 1e-5]
+    if parameter == "top_k":
+        return len(above) >= value
+    if parameter == "min_p":
+        return chosen < top[0] + math.log(value) - 1e-4
+    return sum(math.exp(logprob) for logprob in above) >= value + 1e-4
+
+
+def _filter_requests(parameter: str | None, value: float = 0) -> list[dict]:
+    """Seeded T = 1 requests (three prompts, two seeds each, 24 tokens) with `parameter` = value, or with
+    no filter at all when parameter is None; raw logprobs of the TOP most likely tokens returned. ignore_eos,
+    not min_tokens: min_tokens masks the end token after vLLM takes the raw logprobs, which would move the
+    sets these logprobs describe."""
+    extra = {} if parameter is None else {parameter: value}
+    return [
+        {"model": "smollm2", "prompt": prompt, "max_tokens": 24, "ignore_eos": True, "temperature": 1.0,
+         "seed": 4000 + 10 * p + s, "logprobs": TOP, "return_tokens_as_token_ids": True, "return_token_ids": True,
+         **extra}
+        for p, prompt in enumerate(FILTER_PROMPTS) for s in range(2)
+    ]  # fmt: skip
+
+
+def test_top_k_min_p_and_top_p_are_honoured_by_their_effect_under_speculation(server):
+    """At T = 1 with raw logprobs (the target's own distribution), every token sampled with top_k 5 ranks
+    among the 5 most likely, every token sampled with min_p 0.2 has at least 0.2 x the largest probability,
+    and every token sampled with top_p 0.6 lies inside the 0.6 nucleus — 144 tokens per parameter, drafts
+    proposed and accepted meanwhile. What it catches: a dropped or mis-mapped parameter (vLLM's top-k,
+    top-p or min-p not reaching specverify, or reaching the wrong row); its power is shown on the same
+    prompts and seeds without the parameter, whose tokens land outside each set at least once (27, 45 and 39
+    of 144 when measured), so a sampler ignoring the parameter would fail this test."""
+    groups = [(None, 0), *FILTERS]
+    before = _spec_decode_counts(server)
+    with ThreadPoolExecutor(max_workers=6 * len(groups)) as pool:  # all 24 requests at once
+        sent = {group: [pool.submit(_answer, server, body) for body in _filter_requests(*group)] for group in groups}
+        answers = {group: [future.result() for future in futures] for group, futures in sent.items()}
+    unfiltered = [step for answer in answers[None, 0] for step in _steps(answer)]
+    for parameter, value in FILTERS:
+        steps = [step for answer in answers[parameter, value] for step in _steps(answer)]
+        misses = [(chosen, top[:8]) for chosen, top in steps if _outside(parameter, value, chosen, top)]
+        assert len(steps) == 144 and not misses, (parameter, value, misses[:3])
+        control = sum(_outside(parameter, value, chosen, top) for chosen, top in unfiltered)
+        assert control > 0, f"without {parameter} no token fell outside it: the check has no power here"
+    drafted, accepted = _spec_decode_counts(server)
+    assert drafted > before[0] and accepted > before[1], (before, drafted, accepted)
+
+
+def _answer(server: support.Server, body: dict) -> dict:
+    status, answer = _complete(server, body)
+    assert status == 200, (body, answer)
+    return answer

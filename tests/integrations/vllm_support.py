@@ -225,9 +225,10 @@ def assert_hooked_in_every_worker(result: dict) -> None:
     assert workers and all(w["hooked"] and w["check"].startswith("specverify plug-in on") for w in workers), workers
 
 
-def metric_values(server: Server, name: str) -> list[float]:
+def metric_values(server: Server, name: str, label: str = "") -> list[float]:
     """The values of every series of one Prometheus metric on the server's /metrics (one per engine or label
-    set), e.g. vllm:num_requests_running."""
+    set), e.g. vllm:num_requests_running; `label` (e.g. 'finished_reason="abort"') keeps the series whose
+    labels contain it."""
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
         connection.request("GET", "/metrics")
@@ -237,7 +238,7 @@ def metric_values(server: Server, name: str) -> list[float]:
     return [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line.rsplit(" ", 1)[0]
     ]
 
 

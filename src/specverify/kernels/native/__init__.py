@@ -250,12 +250,8 @@ def weigh_rows(
     out: torch.Tensor,
     source: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (one-hot at the argmax
-    for rows with T < greedy_below), written into `out`; returns the sums of each `block` consecutive
-    kept weights. logits: float [M, V] (float32, bfloat16 and float16 read as they are); out: contiguous
-    float32 [N, V]; params [N] -> float64 [N, ceil(V / block)]. source: int64 [N], the logits row each
-    output row weighs in place (no gathered copy), a negative one skipped (zero sums, weights untouched);
-    None: row r weighs logits row r (M = N)."""
+    """interface.weigh_rows in C, one row a call of kernels.c's weigh_rows (logits of any of DTYPES read
+    as they are; a skipped row costs next to nothing)."""
     rows, vocab = out.shape
     logits, dtype = _readable(logits)
     width = logits.element_size()
@@ -289,7 +285,7 @@ def weigh_rows(
 
 
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
-    """First argmax per row, NaN never winning. values: float [N, V] -> int64 [N]."""
+    """interface.argmax_rows in C."""
     values, dtype = _readable(values)
     rows, vocab = values.shape
     width = values.element_size()
@@ -305,8 +301,7 @@ def argmax_rows(values: torch.Tensor) -> torch.Tensor:
 
 
 def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch.Tensor:
-    """Per row in use: 1 if it holds NaN or +inf, | 2 if it holds a value other than -inf (0 for a row not
-    in use). values: float [N, V]; in_use: bool [N] or None (every row) -> uint8 [N]."""
+    """interface.scan_rows in C, on the bit patterns (rows not in use not read)."""
     values, dtype = _readable(values)
     rows, vocab = values.shape
     width = values.element_size()
@@ -328,8 +323,7 @@ def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch
 
 
 def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per row. weights: contiguous float32 [N, V] (>= 0); sums: float64 [N, ceil(V / block)],
-    their block sums; uniforms: float64 [N] -> int64 [N]."""
+    """interface.sample_rows in C."""
     rows, vocab = weights.shape
     sums, uniforms = _as(sums, torch.float64), _as(uniforms, torch.float64)
     blocks = sums.shape[1]
@@ -650,13 +644,7 @@ def recover_rows(
     uniforms: torch.Tensor,
     block: int,
 ) -> torch.Tensor:
-    """The recovery draw of sampled verification at each drafted position, the residual never materialised.
-
-    weights: float32 [B, P, V] with P >= K, unnormalised p~ (positions from K on are not read), and
-    weight_sums: float64 [B, P, ceil(V / block)], their block sums; mass: float64 [B, K], the weights' sums;
-    draft_probs: float [B, K, V]; draft: int64 [B, K]; mode: int [B, K] (FROM_TARGET, FROM_RESIDUAL or
-    WITHOUT_DRAFT); uniforms: float64 [B, K] -> int64 [B, K].
-    """
+    """interface.recover_rows in C, the residual never materialised."""
     requests, positions, vocab = draft_probs.shape
     weight_positions, blocks = weights.shape[1], weight_sums.shape[-1]
     weights, weight_sums = weights.contiguous(), weight_sums.contiguous()
@@ -691,11 +679,7 @@ def recover_rows(
 
 
 def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The relaxed acceptance (SPEC §3.4) at each drafted position, and each position's top-1 token.
-
-    logits: float [B, P, V] with P >= K, masked (positions from K on are not read); draft: int64 [B, K]
-    (-1: no draft) -> (accepted bool [B, K], top1 int64 [B, K]).
-    """
+    """interface.relaxed_rows in C, without materialising the softmax."""
     requests, positions = draft.shape
     logit_positions, vocab = logits.shape[1], logits.shape[2]
     logits, dtype = _readable(logits)

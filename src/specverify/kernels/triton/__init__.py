@@ -95,7 +95,7 @@ def _without_search(shape: dict) -> dict:
 
 
 def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, block, out, source=None):
-    """kernels.weigh_rows on the GPU (see there). With `source` the rows are gathered first (a copy that
+    """interface.weigh_rows on the GPU. With `source` the rows are gathered first (a copy that
     costs microseconds on a GPU) and skipped rows weigh row 0, their sums zeroed."""
     if source is not None:
         sums = weigh_rows(
@@ -137,7 +137,7 @@ def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, blo
 
 
 def argmax_rows(values):
-    """kernels.argmax_rows on the GPU."""
+    """interface.argmax_rows on the GPU."""
     rows, vocab = values.shape
     out = torch.empty(rows, dtype=torch.int64, device=values.device)
     shape = _without_search(launch_shape(rows, vocab, values.device))
@@ -146,7 +146,7 @@ def argmax_rows(values):
 
 
 def scan_rows(values, in_use=None):
-    """kernels.scan_rows on the GPU (see there)."""
+    """interface.scan_rows on the GPU."""
     rows, vocab = values.shape
     out = torch.empty(rows, dtype=torch.uint8, device=values.device)
     use = (
@@ -160,7 +160,7 @@ def scan_rows(values, in_use=None):
 
 
 def sample_rows(weights, sums, block, uniforms):
-    """kernels.sample_rows on the GPU: the walk runs over the weights themselves, in float64 (the block
+    """interface.sample_rows on the GPU: the walk runs over the weights themselves, in float64 (the block
     sums are not needed; draws agree with the two-level walk except within rounding of a boundary)."""
     rows, vocab = weights.shape
     out = torch.empty(rows, dtype=torch.int64, device=weights.device)
@@ -173,14 +173,15 @@ def sample_rows(weights, sums, block, uniforms):
 
 
 def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block):
-    """kernels.recover_rows on the GPU (see there): per position the residual max(0, p~ - q) (p~ where it
+    """interface.recover_rows on the GPU: per position the residual max(0, p~ - q) (p~ where it
     has no mass), p~ without the draft, or p~."""
     requests, positions, vocab = draft_probs.shape
     rows = requests * positions
     out = torch.empty(requests, positions, dtype=torch.int64, device=weights.device)
     shape = _without_search(launch_shape(rows, vocab, weights.device))
     mass = mass.to(torch.float64)
-    scale = (1.0 / mass).to(torch.float32).contiguous()
+    # (a row without mass, one a tree's walk has left, draws from zeros rather than from 0 * inf = NaN)
+    scale = torch.where(mass > 0, 1.0 / mass, 0.0).to(torch.float32).contiguous()
     use_q = (mode == FROM_RESIDUAL).to(torch.int8).contiguous()
     excluded = torch.where(mode == WITHOUT_DRAFT, draft.to(torch.int64), -1).contiguous()
     jit.draw_kernel[_grid(rows, shape)](
@@ -202,7 +203,7 @@ def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms,
 
 
 def relaxed_rows(logits, draft, k, delta):
-    """kernels.relaxed_rows on the GPU."""
+    """interface.relaxed_rows on the GPU."""
     requests, positions = draft.shape
     rows = requests * positions
     accepted = torch.empty(requests, positions, dtype=torch.int8, device=logits.device)

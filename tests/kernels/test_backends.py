@@ -79,11 +79,9 @@ def test_a_forced_backend_that_cannot_run_is_a_clear_error(monkeypatch):
 
 
 def test_each_backend_declares_what_it_can_do(each_backend):
-    """What a tree's walk asks of a backend (kernels/backend.py): native skips rows for free, Triton and the
-    torch reference do not; every backend has every op of kernels/interface.py."""
+    """Every backend has every op of kernels/interface.py, whole-call and per-row."""
     declared = kernels.backend_for(torch.zeros(1))
     assert declared.name == each_backend
-    assert declared.skips_rows_cheaply == (each_backend == "native")
     assert all(callable(getattr(declared.ops, op)) for op in WHOLE_CALL_OPS + ROW_OPS)
 
 
@@ -93,7 +91,7 @@ def test_a_backend_missing_a_declared_op_fails_when_it_is_declared():
     ops = SimpleNamespace(__name__="partial", **{op: print for op in ROW_OPS if op != "scan_rows"})
     with pytest.raises(
         TypeError,
-        match="backend 'partial' lacks ops of kernels/interface.py in its module partial: verify_chain, scan_rows",
+        match="backend 'partial' lacks ops of kernels/interface.py in its module partial: verify_chain, verify_tree, scan_rows",
     ):
         kernels.Backend(name="partial", ops=ops)
 

@@ -10,13 +10,13 @@ can switch); an unknown value, or a forced backend that cannot run on the tensor
 Callers take `ops_for(t)` (the module of `backend_for(t)`) and call an op by its name: the verifier's
 public functions a whole-call op (interface.WholeCallOps: `verify_chain`), the stages of a whole call
 (stages/: the shared code of the backends that build a whole call from steps) the per-row ops
-(interface.Ops). Their signatures, shapes and meaning are declared there once. What a backend declares
-beyond them (backend.py): `.skips_rows_cheaply` (`weigh_rows` skips rows with a negative source for
-free: a tree's walk asks); `.name` is for reports (the bench).
+(interface.Ops). Their signatures, shapes and meaning are declared there once; how a backend builds a
+whole call (one kernel, or stages over its per-row ops) is its own choice. `.name` is for reports (the
+bench).
 
 Adding a backend: (1) a package kernels/<name>/ with a function for every op of interface.py (a
 whole-call op may be the stages over its per-row ops: stages.chain.verify_chain), and a module-level
-`BACKEND = Backend(name, sys.modules[__name__], <its capabilities>)` (checked on import for every op); (2) a loader
+`BACKEND = Backend(name, sys.modules[__name__])` (checked on import for every op); (2) a loader
 in registry.py returning that BACKEND or None (raising where forced and it cannot run), and its line in LOADERS
 (the default device choice in `backend_for` if it is to run unforced); (3) its name in tests/conftest.py's
 backend list, so that it passes what every backend must: tests/kernels/test_backends.py and the tests

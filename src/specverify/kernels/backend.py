@@ -1,4 +1,4 @@
-"""What each backend declares about itself: its name, its ops, and what its ops cost.
+"""What each backend declares about itself: its name and its ops.
 
 Every backend implements each op of interface.py (WHOLE_CALL_OPS and ROW_OPS); the declaration checks
 its module for them, so a backend missing one fails when it is imported, not at its first call.
@@ -22,14 +22,11 @@ class Backend:
     """One backend, as it declares itself.
 
     name: its value of SPECVERIFY_BACKEND. ops: the module whose functions are its ops (read at each call,
-    so a test may replace one). skips_rows_cheaply: `weigh_rows` skips a row whose source is negative at
-    next to no cost, so a tree's walk over every row costs only the rows still walking (where it does
-    not, the walk weighs all its rows in one call instead).
+    so a test may replace one).
     """
 
     name: str
     ops: ModuleType
-    skips_rows_cheaply: bool = False
 
     def __post_init__(self) -> None:
         missing = [op for op in WHOLE_CALL_OPS + ROW_OPS if not callable(getattr(self.ops, op, None))]

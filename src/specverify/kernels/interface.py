@@ -53,7 +53,7 @@ class Ops(Protocol):
         """Each row's truncated weights exp((x - max x) / T), zero outside its kept set (SPEC §2; one-hot at
         the argmax for rows with T < greedy_below), written into `out`; returns the sums of each `block`
         consecutive kept weights. source: the logits row each output row weighs (None: row r, M = N); a
-        negative one is skipped: zero sums, weights undefined (free where the backend `skips_rows_cheaply`,
+        negative one is skipped: zero sums, weights undefined (free in the C kernels,
         else weighed as row 0 and its sums zeroed)."""
 
     def argmax_rows(self, values: torch.Tensor) -> torch.Tensor:  # float [N, V] -> int64 [N]
@@ -139,6 +139,24 @@ class ChainCall:
     host: HostValues | None  # a validating call: what it read to the host; None: no host read allowed
 
 
+@dataclass(frozen=True)
+class TreeCall:
+    """One checked tree verifier call (SPEC §8), as `verify_tree` receives it."""
+
+    draft: torch.Tensor  # int64 [B, N], -1 where no node (padding, or an id or parent out of range)
+    parents: torch.Tensor  # int64 [B, N], -1: a child of the root
+    logits: torch.Tensor  # float [B, N + 1, V]: index 0 scores the root's children, index i + 1 node i's
+    bitmask: torch.Tensor | None  # int32 [B, N + 1, ceil(V / 32)], None also where the logits come masked
+    temperature: torch.Tensor  # float [B]
+    top_k: torch.Tensor  # int [B]
+    top_p: torch.Tensor  # float [B]
+    min_p: torch.Tensor | None  # float [B]
+    seeds: torch.Tensor  # int64 [B], s_b: depth j of row b keyed by s_b + j
+    draft_probs: torch.Tensor | None  # float [B, N, V], q of each node (siblings share it); None: argmax drafts
+    without_replacement: bool  # the sibling scheme of sampled drafts
+    validate: bool  # host reads allowed: the walk stops when every row has stopped
+
+
 class WholeCallOps(Protocol):
     """The whole-call ops of a backend: what the verifier's public functions call, one name each."""
 
@@ -146,3 +164,7 @@ class WholeCallOps(Protocol):
         """Every rule of SPEC §3 for every row of a chain call and the first rejection -> (first_rejected_idx
         int64 [B] (K when all accepted), recovered int64 [B, K] (accepted drafts before it, the replacement
         at it), bonus int64 [B, 1])."""
+
+    def verify_tree(self, call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The walk of SPEC §8 for every row -> (path int64 [B, N]: the accepted nodes from depth 0 down, -1
+        after them; path_length int64 [B]; next_token int64 [B]: the recovered token or the bonus)."""

@@ -709,8 +709,7 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return accepted.bool(), top1
 
 
-from .chain import verify_chain as verify_chain  # noqa: E402 (the whole-call op, built on the ops above)
+from .chain import verify_chain as verify_chain  # noqa: E402 (the whole-call ops, built on the ops above)
+from .chain import verify_tree as verify_tree  # noqa: E402
 
-#: What this backend declares (kernels/backend.py): rows with a negative source in weigh_rows skipped
-#: inside the kernel at next to no cost.
-BACKEND = Backend(name="native", ops=sys.modules[__name__], skips_rows_cheaply=True)
+BACKEND = Backend(name="native", ops=sys.modules[__name__])

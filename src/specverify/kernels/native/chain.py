@@ -1,6 +1,7 @@
-"""The C kernels' whole chain call (interface.WholeCallOps.verify_chain): every row's target draws, the
+"""The C kernels' whole-call ops (interface.WholeCallOps). A chain call: every row's target draws, the
 verdicts and the first rejection in one kernel call (native.draw_verdicts / draw_sampled_verdicts); a
 call with relaxed rows runs in stages (stages.chain) with this module's fused draws for its sampled rows.
+A tree call: the walk of stages.tree.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import torch
 from ...contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
 from ...rng import STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_TARGET, stream_salt
 from .. import native
-from ..interface import ChainCall, block_size
-from ..stages import chain
+from ..interface import ChainCall, TreeCall, block_size
+from ..stages import chain, tree
 from ..stages.categorical import total_weight
 from ..stages.rules import argmax_verdict, ratio_test
 from ..stages.weights import scratch_weights
@@ -25,6 +26,12 @@ def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     if call.relaxed is not None:
         return chain.verify_chain(call, drawn_stage)
     return _fused_verdicts(call)
+
+
+def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """interface.WholeCallOps.verify_tree on the C kernels: weigh_rows skips a stopped row at next to no
+    cost, so a walk without host reads steps over every row."""
+    return tree.verify_tree(call, skips_rows_cheaply=True)
 
 
 def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -144,7 +144,7 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return (draft >= 0) & (p_draft > 0) & (rank < k) & close, top1
 
 
-from ..stages.chain import verify_chain as verify_chain  # noqa: E402 (the whole-call op, in stages over the ops above)
+from ..stages.chain import verify_chain as verify_chain  # noqa: E402 (the whole-call ops, in stages over the ops above)
+from ..stages.tree import verify_tree as verify_tree  # noqa: E402
 
-#: What this backend declares (kernels/backend.py): a skipped row is weighed all the same.
 BACKEND = Backend(name="torch", ops=sys.modules[__name__])

@@ -73,7 +73,7 @@ def truncated_weights(
     argmax (lowest index on ties, NaN never wins), so that drawing from them commits what the greedy rule
     does. source: int64 [N], the logits row of each output row, read in place where the backend can (no
     gathered copy); a negative one is skipped (zero sums, weights undefined: a draw from it gives a valid
-    id), at next to no cost where the backend `skips_rows_cheaply`; None: row n is logits row n (M = N).
+    id), at next to no cost in the C kernels; None: row n is logits row n (M = N).
     The weights live in this thread's scratch buffer: use them before the next call. The backend's
     weigh_rows (kernels/interface.py) does it all."""
     rows, vocab = masked_logits.shape[0] if source is None else source.shape[0], masked_logits.shape[-1]

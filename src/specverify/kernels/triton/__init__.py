@@ -16,7 +16,8 @@ import torch
 
 from ...contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE, MASK64
 from ..backend import Backend
-from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall
+from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall, TreeCall
+from ..stages import tree
 from . import jit
 
 #: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).
@@ -325,6 +326,11 @@ def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     )
 
 
-#: What this backend declares (kernels/backend.py): a row skipped in weigh_rows costs as much as any (the
-#: rows are gathered first).
+def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """interface.WholeCallOps.verify_tree: the walk of stages.tree. A row skipped in weigh_rows costs as
+    much as any here (the rows are gathered first), so a walk without host reads judges every node of an
+    argmax-mode tree in one truncation (one launch over every row costs less than N + 1 of them)."""
+    return tree.verify_tree(call, skips_rows_cheaply=False)
+
+
 BACKEND = Backend(name="triton", ops=sys.modules[__name__])

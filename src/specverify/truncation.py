@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import checks
+from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
 from .kernels.stages.categorical import sample_from_weights, total_weight
 from .kernels.stages.weights import keyed_draws_read, truncated_weights
@@ -78,7 +78,7 @@ def truncated_probs(
     masked, temperature, top_k, top_p, min_p, _ = _prepare(
         logits, temperature, top_k, top_p, min_p, token_bitmask, validate
     )
-    weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
+    weights, sums = truncated_weights(kernels.ops_for(masked), masked, temperature, top_k, top_p, min_p)
     return weights / total_weight(sums)[:, None].float()  # the total the sampled rule divides by too
 
 
@@ -108,8 +108,11 @@ def sample(
     rows = masked.shape[0]
     seed, shared = checks.check_seed(seed, rows, masked.device, layout="[N]")
     if host is not None and rows <= HOST_KEYS:
-        draws = keyed_draws_read(masked, (temperature, top_k, top_p, min_p), host[0], (seed, shared))
+        draws = keyed_draws_read(
+            kernels.ops_for(masked), masked, (temperature, top_k, top_p, min_p), host[0], (seed, shared)
+        )
         return torch.tensor(draws, dtype=torch.int64)
     seeds = per_row_seeds(seed, shared, rows, masked.device)
-    weights, sums = truncated_weights(masked, temperature, top_k, top_p, min_p)
-    return sample_from_weights(weights, keyed_uniform(seeds, STREAM_TARGET), sums)
+    ops = kernels.ops_for(masked)
+    weights, sums = truncated_weights(ops, masked, temperature, top_k, top_p, min_p)
+    return sample_from_weights(ops, weights, keyed_uniform(seeds, STREAM_TARGET), sums)

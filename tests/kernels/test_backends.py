@@ -203,10 +203,10 @@ def test_truncated_weights_read_source_rows_in_place_and_skip_negative_ones(each
         top_p=torch.tensor([0.9, 1.0, 1.0, 0.7, 1.0, 0.5]),
         min_p=torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.0]),
     )
-    weights, sums = (t.clone() for t in truncated_weights(logits, **params, source=source))
+    weights, sums = (t.clone() for t in truncated_weights(kernels.ops_for(logits), logits, **params, source=source))
     kept = source >= 0
     gathered = {name: value[kept] for name, value in params.items()}
-    expected_weights, expected_sums = truncated_weights(logits[source[kept]], **gathered)
+    expected_weights, expected_sums = truncated_weights(kernels.ops_for(logits), logits[source[kept]], **gathered)
     assert torch.equal(weights[kept], expected_weights) and torch.equal(sums[kept], expected_sums)
     assert (sums[~kept] == 0).all()
 

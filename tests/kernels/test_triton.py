@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import specverify as sv
+from specverify import kernels
 from specverify.audit.exact import truncated_distribution
 from specverify.check.parity import parity_cases, parity_check
 from specverify.check.statistics import statistics_check
@@ -146,15 +147,17 @@ def test_per_op_kernels_match_the_torch_reference():
     x[::5, 3] = float("nan")
     x[1] = float("-inf")
     with backend_path("triton"):
-        argmax = greedy_tokens(x)
+        argmax = greedy_tokens(kernels.ops_for(x), x)
     with backend_path("torch"):
-        assert torch.equal(argmax, greedy_tokens(x))
+        assert torch.equal(argmax, greedy_tokens(kernels.ops_for(x), x))
     logits = torch.randn(8, 4, 300, generator=g)
     draft = torch.where(torch.rand(8, 3, generator=g) < 0.8, logits[:, :3].argsort(-1, descending=True)[..., 1], -1)
     with backend_path("triton"):
-        relaxed = relaxed_verdict(draft, logits, 3, 0.2)
+        relaxed = relaxed_verdict(kernels.ops_for(logits), draft, logits, 3, 0.2)
     with backend_path("torch"):
-        assert all(torch.equal(a, b) for a, b in zip(relaxed, relaxed_verdict(draft, logits, 3, 0.2)))
+        assert all(
+            torch.equal(a, b) for a, b in zip(relaxed, relaxed_verdict(kernels.ops_for(logits), draft, logits, 3, 0.2))
+        )
     sample = (
         torch.randn(64, 2500, generator=g) * 3,
         torch.rand(64, generator=g) + 0.3,

@@ -28,6 +28,7 @@ def grid_counts(weights: np.ndarray, q: np.ndarray, draft: np.ndarray, mode: np.
     sums = block_sums(w.view(-1, vocab)).view(DRAWS, positions + 1, -1)
     mass = sums[:, :positions].sum(-1)
     tokens = recovery_draw(
+        kernels.ops_for(w),
         w,
         sums,
         mass,

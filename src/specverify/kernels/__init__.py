@@ -23,7 +23,7 @@ backend list, so that it passes what every backend must: tests/kernels/test_back
 that take `each_backend`, then the parity and statistics checks of `specverify check` on its device.
 """
 
-from . import native, reference, registry  # (native and reference build on stages/, which use registry)
+from . import native, reference, registry
 from .backend import Backend
 from .interface import (
     BLOCK,
@@ -35,10 +35,7 @@ from .interface import (
     Ops,
     block_size,
 )
-from .registry import BACKENDS, ENVIRONMENT, LOADERS, backend_for, forced, ops_for
-
-#: The torch reference backend: runs on every device, and wherever a compiled one cannot.
-TORCH = reference.BACKEND
+from .registry import BACKENDS, ENVIRONMENT, LOADERS, TORCH, backend_for, forced, ops_for
 
 __all__ = [
     "BACKENDS",

@@ -9,24 +9,15 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from types import ModuleType
 
 import torch
 
+from . import native, reference
 from .backend import Backend
 from .interface import Ops
 
-
-@functools.cache
-def _package(name: str) -> ModuleType:
-    """A backend's package, imported on first use: the backends' whole-call ops are built on the stages
-    (kernels/stages/), which find their ops here, so the registry imports no backend when it is imported."""
-    return importlib.import_module(f"{__package__}.{name}")
-
-
-def torch_backend() -> Backend:
-    """The torch reference backend: runs on every device, and wherever a compiled one cannot."""
-    return _package("reference").BACKEND
+#: The torch reference backend: runs on every device, and wherever a compiled one cannot.
+TORCH = reference.BACKEND
 
 
 ENVIRONMENT = "SPECVERIFY_BACKEND"
@@ -88,7 +79,6 @@ def _native(device: torch.device | None) -> Backend | None:
     it was forced to run (SPECVERIFY_BACKEND=native), raising where it cannot; None: chosen by default."""
     if device is not None and device.type != "cpu":
         raise RuntimeError(f"{ENVIRONMENT}=native runs on CPU tensors only (got a tensor on {device})")
-    native = _package("native")
     if native.load() is None:
         if device is not None:
             raise RuntimeError(
@@ -118,7 +108,7 @@ def _triton(device: torch.device | None) -> Backend | None:
 
 #: The registry: every backend by name (the values of SPECVERIFY_BACKEND), with its loader.
 LOADERS: dict[str, Callable[[torch.device | None], Backend | None]] = {
-    "torch": lambda device: torch_backend(),
+    "torch": lambda device: TORCH,
     "native": _native,
     "triton": _triton,
 }
@@ -134,10 +124,10 @@ def backend_for(tensor: torch.Tensor) -> Backend:
             raise ValueError(f"{ENVIRONMENT} must be one of {', '.join(BACKENDS)} (got {forced!r})")
         return LOADERS[forced](tensor.device)
     if tensor.is_cpu:  # (is_cpu and is_cuda cost less than building a torch.device)
-        return _native(None) or torch_backend()
+        return _native(None) or TORCH
     if tensor.is_cuda:
-        return _triton(None) or torch_backend()
-    return torch_backend()
+        return _triton(None) or TORCH
+    return TORCH
 
 
 def ops_for(tensor: torch.Tensor) -> Ops:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from ... import kernels
 from ...contract import PAD
 from ...kernels.stages.categorical import sample_from_weights
 from ...rng import STREAM_DRAFT, keyed_uniform
@@ -86,4 +87,4 @@ def draw_draft(probs: torch.Tensor, keys: torch.Tensor, draw: int = 0) -> torch.
     uses a uniform the verifier uses, and drafts of requests that never share a key are independent.
     probs: float [B, V], >= 0 (the q passed to the verifier, or q with earlier siblings removed);
     keys: int64 [B]; draw: the draw's index among its siblings (0 for a chain) -> int64 [B]."""
-    return sample_from_weights(probs, keyed_uniform(keys.to(probs.device), STREAM_DRAFT + draw))
+    return sample_from_weights(kernels.ops_for(probs), probs, keyed_uniform(keys.to(probs.device), STREAM_DRAFT + draw))

@@ -24,14 +24,14 @@ _CHAIN_SALTS = tuple(stream_salt(stream) for stream in (STREAM_TARGET, STREAM_AC
 def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """interface.WholeCallOps.verify_chain on the C kernels."""
     if call.relaxed is not None:
-        return chain.verify_chain(call, drawn_stage)
+        return chain.verify_chain(call, native, drawn_stage)
     return _fused_verdicts(call)
 
 
 def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """interface.WholeCallOps.verify_tree on the C kernels: weigh_rows skips a stopped row at next to no
     cost, so a walk without host reads steps over every row."""
-    return tree.verify_tree(call, skips_rows_cheaply=True)
+    return tree.verify_tree(call, native, skips_rows_cheaply=True)
 
 
 def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

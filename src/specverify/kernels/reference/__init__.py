@@ -13,8 +13,9 @@ import sys
 import torch
 
 from ..backend import Backend
-from ..interface import FROM_RESIDUAL, HOLDS_ABOVE_MINUS_INF, HOLDS_NAN_OR_INF, WITHOUT_DRAFT
-from ..stages.categorical import block_sums
+from ..interface import FROM_RESIDUAL, HOLDS_ABOVE_MINUS_INF, HOLDS_NAN_OR_INF, WITHOUT_DRAFT, ChainCall, TreeCall
+from ..stages import chain, tree
+from ..stages.categorical import block_sums, cdf_walk
 from .selection import largest_reaching_threshold
 
 
@@ -84,33 +85,6 @@ def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch
     return flags.to(torch.uint8)
 
 
-def _last_positive(weights: torch.Tensor) -> torch.Tensor:
-    """Index of the last positive entry of each row (0 for a row without one). weights: [N, M] -> int64 [N]."""
-    positions = torch.arange(weights.shape[-1], device=weights.device)
-    return torch.where(weights > 0, positions, 0).amax(-1)
-
-
-def _cdf_index(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Smallest i with cumsum(weights)[i] > target, kept on a positive entry. weights: float64 [N, M]."""
-    below = (weights.cumsum(-1) <= target.clamp(min=0)[:, None]).sum(-1)
-    return torch.minimum(below, _last_positive(weights))
-
-
-def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms: torch.Tensor) -> torch.Tensor:
-    """interface.sample_rows, for weights of any float dtype and layout: the block by the CDF of the block
-    sums, then the token inside that one block, both in float64."""
-    vocab = weights.shape[-1]
-    block_cdf = sums.cumsum(-1)
-    target = uniforms * block_cdf[:, -1]
-    chosen = _cdf_index(sums, target)
-    before = torch.where(chosen > 0, block_cdf.gather(1, (chosen - 1).clamp(min=0)[:, None])[:, 0], 0.0)
-    columns = chosen[:, None] * block + torch.arange(block, device=weights.device)
-    inside = columns < vocab
-    block_weights = torch.where(inside, weights.gather(1, columns.clamp(max=vocab - 1)), 0).to(torch.float64)
-    token = chosen * block + _cdf_index(block_weights, target - before)
-    return token.clamp(0, vocab - 1)
-
-
 def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms, block):
     """interface.recover_rows with the residual materialised: one full-size tensor, p~ - q where q is used
     (else p~), clamped, then edited in place."""
@@ -123,8 +97,12 @@ def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms,
     residual.scatter_(-1, column, torch.where((mode == WITHOUT_DRAFT)[..., None], 0.0, at_draft))
     empty = residual.amax(-1, keepdim=True) <= 0
     residual = torch.where(empty, target_probs, residual, out=residual).view(-1, vocab)
-    drawn = sample_rows(residual, block_sums(residual, block), block, uniforms.reshape(-1))
+    drawn = cdf_walk(residual, block_sums(residual, block), block, uniforms.reshape(-1))
     return drawn.view(batch, positions)
+
+
+#: interface.sample_rows: the two-level walk in float64, for weights of any float dtype and layout.
+sample_rows = cdf_walk
 
 
 def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +122,15 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     return (draft >= 0) & (p_draft > 0) & (rank < k) & close, top1
 
 
-from ..stages.chain import verify_chain as verify_chain  # noqa: E402 (the whole-call ops, in stages over the ops above)
-from ..stages.tree import verify_tree as verify_tree  # noqa: E402
+def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """interface.WholeCallOps.verify_chain: the stages of stages.chain over the ops above."""
+    return chain.verify_chain(call, sys.modules[__name__])
+
+
+def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """interface.WholeCallOps.verify_tree: the walk of stages.tree over the ops above (a skipped row is
+    weighed all the same, so a walk without host reads judges every node of an argmax-mode tree at once)."""
+    return tree.verify_tree(call, sys.modules[__name__], skips_rows_cheaply=False)
+
 
 BACKEND = Backend(name="torch", ops=sys.modules[__name__])

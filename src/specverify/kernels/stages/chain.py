@@ -9,6 +9,7 @@ were read to the host is judged on Python lists instead (verify_read).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from ...rng import (
     per_row_seeds,
     row_keys,
 )
-from ..interface import ChainCall, Relaxed
+from ..interface import ChainCall, Ops, Relaxed
 from .categorical import sample_from_weights
 from .rules import argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, sampled_verdict
 from .weights import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
@@ -51,18 +52,19 @@ def masked_logits(call: ChainCall) -> torch.Tensor:
     return call.logits if call.bitmask is None else apply_bitmask(call.logits, call.bitmask)
 
 
-def verify_chain(call: ChainCall, stochastic: StochasticStage | None = None) -> tuple[torch.Tensor, ...]:
-    """interface.WholeCallOps.verify_chain in stages. stochastic: the backend's stage for the rows sampled
-    from p~ (None: weighed_verdicts, on the backend's weigh_rows and sample_rows)."""
+def verify_chain(call: ChainCall, ops: Ops, stochastic: StochasticStage | None = None) -> tuple[torch.Tensor, ...]:
+    """interface.WholeCallOps.verify_chain in stages over the backend's per-row ops. stochastic: the
+    backend's stage for the rows sampled from p~ (None: weighed_verdicts on its weigh_rows and sample_rows)."""
     masked = masked_logits(call)
     batch, positions = call.draft_tokens.shape
     params = (call.temperature, call.top_k, call.top_p, call.min_p)
     if call.host is not None and call.host.draft is not None:
-        return verify_read(call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
+        return verify_read(ops, call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
     plan = _plan(call)
     draft = _draft_or_padding(call.draft_tokens, masked.shape[-1]) if positions else call.draft_tokens.to(torch.int64)
     seed = (call.seed, call.shared_seed)
-    return _verify(draft, masked, *params, seed, plan, call.relaxed, call.draft_probs, stochastic or weighed_verdicts)
+    stochastic = stochastic or functools.partial(weighed_verdicts, ops)
+    return _verify(ops, draft, masked, *params, seed, plan, call.relaxed, call.draft_probs, stochastic)
 
 
 def _plan(call: ChainCall) -> _Plan:
@@ -81,6 +83,7 @@ def _plan(call: ChainCall) -> _Plan:
 
 
 def verify_read(
+    ops: Ops,
     draft: list[list[int]],
     masked: torch.Tensor,
     params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
@@ -94,7 +97,7 @@ def verify_read(
     [B]; temperatures: the temperatures as a list; seed: the checked seed and whether it is shared. Every position's y comes from keyed_draws_read (a
     greedy row's is its argmax, which both rules commit: _verify relies on it too)."""
     batch, per_position, vocab = masked.shape
-    target = keyed_draws_read(masked.reshape(-1, vocab), params, temperatures, seed, per_position)
+    target = keyed_draws_read(ops, masked.reshape(-1, vocab), params, temperatures, seed, per_position)
     rows = [target[row * per_position : (row + 1) * per_position] for row in range(batch)]
     first, recovered, bonus = first_rejections_read(draft, rows)  # a row's first -1 is its first rejection
     return (
@@ -112,6 +115,7 @@ def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def _verify(
+    ops: Ops,
     draft: torch.Tensor,
     masked: torch.Tensor,
     temperature: torch.Tensor,
@@ -154,14 +158,14 @@ def _verify(
     rows = plan.relaxed_rows
     if relaxed is not None and _any(rows):
         index = _index(rows, batch, device)
-        parts = relaxed_verdict(_pick(draft, index), _pick(masked, index), relaxed.topk, relaxed.delta)
+        parts = relaxed_verdict(ops, _pick(draft, index), _pick(masked, index), relaxed.topk, relaxed.delta)
         thinking = relaxed.thinking & ~is_greedy(temperature) if rows is None else None
         outputs = _merge(outputs, parts, index, thinking, batch)
 
     rows = plan.greedy_rows
     if not greedy_done and _any(rows):
         index = _index(rows, batch, device)
-        target_argmax = greedy_tokens(_pick(masked, index))
+        target_argmax = greedy_tokens(ops, _pick(masked, index))
         parts = (*greedy_verdict(_pick(draft, index), target_argmax[:, :positions]), target_argmax[:, positions])
         outputs = _merge(outputs, parts, index, None, batch)
 
@@ -218,6 +222,7 @@ def _merge(
 
 
 def weighed_verdicts(
+    ops: Ops,
     draft: torch.Tensor,
     masked: torch.Tensor,
     temperature: torch.Tensor,
@@ -235,17 +240,20 @@ def weighed_verdicts(
     vocab = masked.shape[-1]
     per_position = positions + 1
     weights, sums = truncated_weights(
-        masked.reshape(-1, vocab), *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p))
+        ops,
+        masked.reshape(-1, vocab),
+        *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p)),
     )
     keys = row_keys(seeds, per_position)
     uniform = keyed_uniform_read if reads_host else keyed_uniform
     target_uniforms = uniform(keys, STREAM_TARGET)
     if draft_probs is None:
-        target_sample = sample_from_weights(weights, target_uniforms.view(-1), sums).view(batch, per_position)
+        target_sample = sample_from_weights(ops, weights, target_uniforms.view(-1), sums).view(batch, per_position)
         accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
         return accepted, recovered, target_sample[:, positions]
     weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
     accepted, recovered = sampled_verdict(
+        ops,
         draft,
         weights,
         sums,
@@ -253,7 +261,7 @@ def weighed_verdicts(
         uniform(keys[:, :positions], STREAM_ACCEPT),
         uniform(keys[:, :positions], STREAM_RESIDUAL),
     )
-    bonus = sample_from_weights(weights[:, positions], target_uniforms[:, positions], sums[:, positions])
+    bonus = sample_from_weights(ops, weights[:, positions], target_uniforms[:, positions], sums[:, positions])
     return accepted, recovered, bonus
 
 

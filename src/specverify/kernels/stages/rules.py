@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import registry
-from ..interface import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT, block_size
+from ..interface import FROM_RESIDUAL, FROM_TARGET, WITHOUT_DRAFT, Ops, block_size
 from .categorical import total_weight
 
 
@@ -51,6 +50,7 @@ def first_rejections_read(
 
 
 def sampled_verdict(
+    ops: Ops,
     draft: torch.Tensor,
     target_weights: torch.Tensor,
     target_sums: torch.Tensor,
@@ -70,7 +70,7 @@ def sampled_verdict(
     target_mass = total_weight(target_sums)[:, :positions]
     at_draft = target_weights[:, :positions].gather(-1, _draft_column(draft))[..., 0]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
-    drawn = recovery_draw(target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
+    drawn = recovery_draw(ops, target_weights, target_sums, target_mass, draft_probs, draft, mode, residual_uniforms)
     return accepted, torch.where(accepted, draft, drawn)
 
 
@@ -97,6 +97,7 @@ def ratio_test(
 
 
 def recovery_draw(
+    ops: Ops,
     target_weights: torch.Tensor,
     target_sums: torch.Tensor,
     target_mass: torch.Tensor,
@@ -112,13 +113,13 @@ def recovery_draw(
     batch, positions, vocab = draft_probs.shape
     if not draft_probs.numel():
         return torch.zeros(batch, positions, dtype=torch.int64, device=draft_probs.device)
-    return registry.ops_for(target_weights).recover_rows(
+    return ops.recover_rows(
         target_weights, target_sums, target_mass, draft_probs, draft, mode, uniforms, block_size(vocab)
     )
 
 
 def relaxed_verdict(
-    draft: torch.Tensor, masked_logits: torch.Tensor, relaxed_topk: int, relaxed_delta: float
+    ops: Ops, draft: torch.Tensor, masked_logits: torch.Tensor, relaxed_topk: int, relaxed_delta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3.4 (lossy by design): on softmax(masked logits) without temperature, accept iff the draft is
     among the `relaxed_topk` most likely tokens and p(d) >= p(top-1) - relaxed_delta; recover the top-1.
@@ -132,7 +133,5 @@ def relaxed_verdict(
     """
     if not (masked_logits.numel() and draft.numel()):
         return torch.zeros(draft.shape, dtype=torch.bool, device=draft.device), draft
-    accepted, top1 = registry.ops_for(masked_logits).relaxed_rows(
-        masked_logits.detach(), draft, relaxed_topk, relaxed_delta
-    )
+    accepted, top1 = ops.relaxed_rows(masked_logits.detach(), draft, relaxed_topk, relaxed_delta)
     return accepted, torch.where(accepted, draft, top1)

@@ -8,17 +8,17 @@ import torch
 
 from ...bitmask import apply_bitmask
 from ...rng import STREAM_RESIDUAL, STREAM_TARGET, keyed_uniform, sibling_stream
-from ..interface import TreeCall
+from ..interface import Ops, TreeCall
 from .categorical import sample_from_weights, total_weight
 from .rules import sampled_verdict
 from .weights import is_greedy, truncated_weights
 
 
-def verify_tree(call: TreeCall, skips_rows_cheaply: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """interface.WholeCallOps.verify_tree in steps. skips_rows_cheaply: the backend's weigh_rows skips a row
+def verify_tree(call: TreeCall, ops: Ops, skips_rows_cheaply: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """interface.WholeCallOps.verify_tree in steps over the backend's per-row ops. skips_rows_cheaply: the backend's weigh_rows skips a row
     whose source is negative at next to no cost (the C kernels), so a walk without host reads steps over
     every row instead of judging every node at once."""
-    return _Walk(call, skips_rows_cheaply).run(call.validate)
+    return _Walk(call, ops, skips_rows_cheaply).run(call.validate)
 
 
 class _Walk:
@@ -30,12 +30,12 @@ class _Walk:
     (argmax mode); without_replacement: the sibling scheme.
     """
 
-    def __init__(self, call: TreeCall, skips_rows_cheaply: bool):
+    def __init__(self, call: TreeCall, ops: Ops, skips_rows_cheaply: bool):
         self.draft, self.parents, self.token_bitmasks = call.draft, call.parents, call.bitmask
         self.logits = call.logits.reshape(-1, call.logits.shape[-1]).contiguous()  # [B*(N+1), V]: a view unless strided
         self.temperature, self.top_k, self.top_p, self.min_p = call.temperature, call.top_k, call.top_p, call.min_p
         self.seeds, self.draft_probs, self.without_replacement = call.seeds, call.draft_probs, call.without_replacement
-        self.skips_rows_cheaply = skips_rows_cheaply
+        self.ops, self.skips_rows_cheaply = ops, skips_rows_cheaply
 
     def run(self, validate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Walk every row from the root -> (path [B, N], path_length [B], next_token [B]), int64.
@@ -124,12 +124,18 @@ class _Walk:
             return None if t is None else t.index_select(0, rows)
 
         weights, sums = truncated_weights(
-            logits, pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p), source=source
+            self.ops,
+            logits,
+            pick(self.temperature),
+            pick(self.top_k),
+            pick(self.top_p),
+            pick(self.min_p),
+            source=source,
         )
         keys = pick(self.seeds) + depth
         children = self._children(rows, current)
         drafted = self.draft.index_select(0, rows)
-        target_sample = sample_from_weights(weights, keyed_uniform(keys, STREAM_TARGET), sums)
+        target_sample = sample_from_weights(self.ops, weights, keyed_uniform(keys, STREAM_TARGET), sums)
         match = children & (drafted == target_sample[:, None])
         argmax_child = _first_true(match)
         if self.draft_probs is None:
@@ -139,6 +145,7 @@ class _Walk:
         nodes = self.draft.shape[1]
         ranks = int(children.sum(-1).max()) if validate else (nodes if depth == 0 else nodes - depth)
         child, token = _sampled_step(
+            self.ops,
             weights,
             sums,
             children,
@@ -176,6 +183,7 @@ def _first_true(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _sampled_step(
+    ops: Ops,
     weights: torch.Tensor,
     sums: torch.Tensor,
     children: torch.Tensor,
@@ -208,6 +216,7 @@ def _sampled_step(
     first_token = torch.where(count > 0, token_of(first), -1)
     residual_uniforms = keyed_uniform(keys, STREAM_RESIDUAL)
     accepted, recovered = sampled_verdict(
+        ops,
         first_token[:, None],
         weights[:, None],
         sums[:, None],
@@ -219,6 +228,7 @@ def _sampled_step(
     token = torch.where(count == 0, leaf_sample, recovered[:, 0])  # rank 0 judged, and its recovery
     if ranks >= 2:
         later_child, later_token = _later_siblings(
+            ops,
             weights,
             sums,
             count,
@@ -239,6 +249,7 @@ def _sampled_step(
 
 
 def _later_siblings(
+    ops,
     weights,
     sums,
     count,
@@ -298,5 +309,5 @@ def _later_siblings(
         token = torch.where(accept, candidate, token)
         rejected, last = judged & ~accept, torch.where(judged, candidate, last)
     empty = (mass <= 0)[:, None]  # lost all its mass (only by rounding): draw from p~
-    drawn = sample_from_weights(torch.where(empty, target, residual), residual_uniforms)
+    drawn = sample_from_weights(ops, torch.where(empty, target, residual), residual_uniforms)
     return child, torch.where(child >= 0, token, drawn)

@@ -14,8 +14,7 @@ import torch
 
 from ...contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
 from ...rng import STREAM_TARGET, row_seeds_read, row_uniforms_read
-from .. import registry
-from ..interface import block_size
+from ..interface import Ops, block_size
 from .categorical import sample_from_weights
 
 
@@ -33,12 +32,12 @@ def is_greedy_value(temperature: float) -> bool:
     return temperature < _GREEDY_BELOW_FLOAT32
 
 
-def greedy_tokens(masked_logits: torch.Tensor) -> torch.Tensor:
+def greedy_tokens(ops: Ops, masked_logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dim, lowest index on ties, NaN never wins. [..., V] -> int64 [...]."""
     if not masked_logits.numel():
         return torch.zeros(masked_logits.shape[:-1], dtype=torch.int64, device=masked_logits.device)
     rows = masked_logits.reshape(-1, masked_logits.shape[-1])
-    return registry.ops_for(rows).argmax_rows(rows).view(masked_logits.shape[:-1])
+    return ops.argmax_rows(rows).view(masked_logits.shape[:-1])
 
 
 _workspace = threading.local()
@@ -61,6 +60,7 @@ def scratch_weights(shape: torch.Size, device: torch.device) -> torch.Tensor:
 
 
 def truncated_weights(
+    ops: Ops,
     masked_logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
@@ -81,7 +81,7 @@ def truncated_weights(
     block = block_size(vocab)
     if not rows:
         return out, torch.zeros(0, -(-vocab // block), dtype=torch.float64, device=masked_logits.device)
-    sums = registry.ops_for(masked_logits).weigh_rows(
+    sums = ops.weigh_rows(
         masked_logits.detach(),
         temperature,
         GREEDY_TEMPERATURE,
@@ -102,6 +102,7 @@ def per_position_rows(value: torch.Tensor | None, per_position: int) -> torch.Te
 
 
 def keyed_draws_read(
+    ops: Ops,
     masked_logits: torch.Tensor,
     params: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
     temperatures: list[float],
@@ -117,8 +118,8 @@ def keyed_draws_read(
     An all-greedy batch takes one argmax per row (what its one-hot p~ commits); else every row goes through
     truncated_weights and one draw."""
     if all(is_greedy_value(t) for t in temperatures):
-        return greedy_tokens(masked_logits).tolist()
+        return greedy_tokens(ops, masked_logits).tolist()
     params = tuple(per_position_rows(p, per_position) for p in params)
-    weights, sums = truncated_weights(masked_logits, *params)
+    weights, sums = truncated_weights(ops, masked_logits, *params)
     uniforms = row_uniforms_read(row_seeds_read(*seed, len(temperatures)), per_position, STREAM_TARGET)
-    return sample_from_weights(weights, torch.tensor(uniforms, dtype=torch.float64), sums).tolist()
+    return sample_from_weights(ops, weights, torch.tensor(uniforms, dtype=torch.float64), sums).tolist()

@@ -330,7 +330,7 @@ def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     """interface.WholeCallOps.verify_tree: the walk of stages.tree. A row skipped in weigh_rows costs as
     much as any here (the rows are gathered first), so a walk without host reads judges every node of an
     argmax-mode tree in one truncation (one launch over every row costs less than N + 1 of them)."""
-    return tree.verify_tree(call, skips_rows_cheaply=False)
+    return tree.verify_tree(call, sys.modules[__name__], skips_rows_cheaply=False)
 
 
 BACKEND = Backend(name="triton", ops=sys.modules[__name__])

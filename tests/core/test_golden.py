@@ -42,7 +42,7 @@ def _keys(values) -> torch.Tensor:
     return torch.tensor([int64_bits(v) for v in values], dtype=torch.int64)
 
 
-def test_keyed_uniform_golden_values(code_path):
+def test_keyed_uniform_golden_values(each_backend):
     keys = _keys(GOLDEN_UNIFORMS)
     for index, stream in enumerate(STREAMS):
         want = torch.tensor([row[index] for row in GOLDEN_UNIFORMS.values()], dtype=torch.float64) * 2.0**-53
@@ -185,7 +185,7 @@ CASES = sorted(GOLDEN_VERDICTS)
 
 @pytest.mark.parametrize("mode, seeding", CASES)
 @pytest.mark.parametrize("validate", [True, False])
-def test_verifier_golden_calls(code_path, mode, seeding, validate):
+def test_verifier_golden_calls(each_backend, mode, seeding, validate):
     logits, allowed = golden_inputs()
     draft = torch.tensor(ARGMAX_DRAFT if mode == "argmax" else SAMPLED_DRAFT)
     q = torch.as_tensor(golden_draft_probs(logits)) if mode == "sampled" else None
@@ -194,7 +194,7 @@ def test_verifier_golden_calls(code_path, mode, seeding, validate):
 
 
 @pytest.mark.parametrize("validate", [True, False])
-def test_verifier_golden_call_with_thinking_rows(code_path, validate):
+def test_verifier_golden_call_with_thinking_rows(each_backend, validate):
     logits, allowed = golden_inputs()
     got = _run(
         "argmax",
@@ -212,7 +212,7 @@ def test_verifier_golden_call_with_thinking_rows(code_path, validate):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_verifier_golden_calls_in_every_layout_and_dtype(code_path, dtype):
+def test_verifier_golden_calls_in_every_layout_and_dtype(each_backend, dtype):
     """The same logits (exact in half precision) as [B*(K+1), V] in float16 / bfloat16, drafts as int32,
     the seed as a 0-d tensor: the same tokens."""
     logits, allowed = golden_inputs()
@@ -278,7 +278,7 @@ def test_golden_thinking_call_is_explained():
     assert (first, committed) == GOLDEN_THINKING
 
 
-def test_sample_golden_values(code_path):
+def test_sample_golden_values(each_backend):
     """sample() at every (row, position) with per-row keys s_b + j gives the y_j that argmax mode commits."""
     logits, allowed = golden_inputs()
     temperature, top_k, top_p, min_p = (t.repeat_interleave(K + 1) for t in _params())
@@ -313,7 +313,7 @@ WIDE_SEEDS = [2**63 + 1000 + 17 * n for n in range(6)]
 GOLDEN_WIDE_SAMPLES = [2014, 2762, 2520, 508, 184, 958]
 
 
-def test_sample_golden_values_over_several_blocks(code_path):
+def test_sample_golden_values_over_several_blocks(each_backend):
     logits = grid(4, (len(WIDE_SEEDS), WIDE_VOCAB), levels=24, step=0.25)
     temperature, top_k, top_p = (torch.tensor(values) for values in WIDE_PARAMS)
     got = sv.sample(torch.as_tensor(logits), temperature, top_k, top_p, _keys(WIDE_SEEDS))

@@ -138,7 +138,7 @@ def test_oracle_draws_and_rules_on_hand_worked_cases():
 
 
 @pytest.mark.parametrize("vocab", [40, 128, 1000, 5000])
-def test_truncated_probs_matches_the_oracle(code_path, vocab):
+def test_truncated_probs_matches_the_oracle(each_backend, vocab):
     rng = np.random.default_rng(vocab)
     rows = 48 if vocab <= 1000 else 24
     logits = _quantised_logits(rng, (rows, vocab))
@@ -157,7 +157,7 @@ def _tie_groups(row: np.ndarray) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("vocab", [128, 1000, 5000])
-def test_top_k_boundary_inside_a_tie(code_path, vocab):
+def test_top_k_boundary_inside_a_tie(each_backend, vocab):
     """k falls on the first, a middle and the last member of a group of equal logits: the whole group is
     kept each time, and nothing below it (SPEC §2 step 3)."""
     rng = np.random.default_rng(10 + vocab)
@@ -178,7 +178,7 @@ def test_top_k_boundary_inside_a_tie(code_path, vocab):
 
 
 @pytest.mark.parametrize("vocab", [128, 1000, 5000])
-def test_top_p_crossing_token_tied(code_path, vocab):
+def test_top_p_crossing_token_tied(each_backend, vocab):
     """top_p is reached inside a group of equal probabilities (the crossing token's ties are all kept),
     just after a group ends, and, after a top-k, inside a group of the renormalised distribution."""
     rng = np.random.default_rng(20 + vocab)
@@ -202,7 +202,7 @@ def test_top_p_crossing_token_tied(code_path, vocab):
     assert (got[1] > 0).sum() == len(groups[0]) + len(groups[1])
 
 
-def test_top_p_after_a_top_k_above_the_heap_limit(code_path):
+def test_top_p_after_a_top_k_above_the_heap_limit(each_backend):
     """top_k > 4096 (where the compiled kernels select by radix instead of keeping a heap) with top_p: the
     nucleus is counted on the distribution renormalised after top-k (k falls inside the second lowest tie
     group, so only the lowest group, 5% of the mass, is dropped). top_p falls in the middle of each kept
@@ -227,7 +227,7 @@ def test_top_p_after_a_top_k_above_the_heap_limit(code_path):
 
 @pytest.mark.parametrize("vocab", [128, 1000, 5000])
 @pytest.mark.parametrize("validate", [True, False])
-def test_verifier_kept_set_at_ties(code_path, vocab, validate):
+def test_verifier_kept_set_at_ties(each_backend, vocab, validate):
     """Each row drafts one token with q one-hot at it and a key whose accept uniform is 0: the rule
     `u * q(d) >= p~(d)` then rejects iff p~(d) == 0, so the verdicts spell out the verifier's kept set.
     Probed: the first and last tokens of each group around the top-k / top-p / min-p boundaries (the
@@ -325,7 +325,7 @@ SIZES = [(300, 96), (60, 2100)]
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("rows, vocab", SIZES)
-def test_argmax_mode_rows_are_the_oracle_draws(code_path, shared, rows, vocab):
+def test_argmax_mode_rows_are_the_oracle_draws(each_backend, shared, rows, vocab):
     rng = np.random.default_rng(40 + shared)
     positions = 3
     logits, allowed, params, laws = _mixed_batch(rng, rows, positions, vocab)
@@ -359,7 +359,7 @@ def _draft_from_q(rng: np.random.Generator, q: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("rows, vocab", SIZES)
-def test_sampled_mode_rows_follow_the_ratio_test(code_path, rows, vocab):
+def test_sampled_mode_rows_follow_the_ratio_test(each_backend, rows, vocab):
     rng = np.random.default_rng(50)
     positions = 3
     logits, allowed, params, laws = _mixed_batch(rng, rows, positions, vocab)
@@ -405,7 +405,7 @@ def test_sampled_mode_rows_follow_the_ratio_test(code_path, rows, vocab):
 
 
 @pytest.mark.slow
-def test_sampled_mode_commits_the_oracle_law(code_path):
+def test_sampled_mode_commits_the_oracle_law(each_backend):
     """Drafts drawn from q: the token committed at position 0 follows the oracle's p~ (SPEC §1's
     guarantee); the classic mistake of recovering from p~ instead of max(0, p~ - q) is caught at the same n."""
     rng = np.random.default_rng(60)

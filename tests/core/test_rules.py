@@ -41,7 +41,7 @@ def test_greedy_ties_go_to_the_lowest_id_and_nan_never_wins():
 
 
 @pytest.mark.parametrize("vocab", [1, 3, 7, 8, 9, 16, 17, 63, 64, 65, 1000])
-def test_greedy_argmax_on_ties_nan_and_inf_at_every_lane_and_tail_position(code_path, vocab):
+def test_greedy_argmax_on_ties_nan_and_inf_at_every_lane_and_tail_position(each_backend, vocab):
     # few distinct values, so ties land in every vector lane, both accumulators and the scalar tail
     g = torch.Generator().manual_seed(vocab)
     logits = torch.randint(0, 3, (400, vocab), generator=g).float()
@@ -83,7 +83,7 @@ RELAXED = dict(relaxed_topk=3, relaxed_delta=0.6)
 EXAMPLE = np.log([0.05, 0.10, 0.20, 0.50, 0.10, 0.05])
 
 
-def test_the_relaxed_worked_example(code_path):
+def test_the_relaxed_worked_example(each_backend):
     logits = np.stack([EXAMPLE] * 3)[None]
     thinking = torch.tensor([True])
     first, recovered, _ = _verify([[2, 4]], logits, [1.0], in_thinking_phase=thinking, **RELAXED)
@@ -92,7 +92,7 @@ def test_the_relaxed_worked_example(code_path):
     assert first.tolist() == [0] and recovered.tolist() == [[3]]
 
 
-def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not(code_path):
+def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not(each_backend):
     rng = np.random.default_rng(5)
     batch, positions, vocab = 64, 3, 20
     logits = rng.normal(0, 1.5, size=(batch, positions + 1, vocab)).astype(np.float32)
@@ -118,7 +118,7 @@ def test_relaxed_rows_follow_the_rule_on_random_cases_and_other_rows_do_not(code
 
 
 @pytest.mark.parametrize("vocab", [1, 5, 16, 17, 33, 1000])
-def test_relaxed_rule_with_ties_masks_and_every_lane_matches_the_float64_law(code_path, vocab):
+def test_relaxed_rule_with_ties_masks_and_every_lane_matches_the_float64_law(each_backend, vocab):
     rng = np.random.default_rng(vocab)
     batch, positions = 48, 3
     logits = rng.integers(0, 5, size=(batch, positions + 1, vocab)).astype(np.float32)  # many ties

@@ -7,10 +7,14 @@
     drafts with temperature only; top-k 50 + top-p 0.9; sampled drafts with draft probabilities.
     B in {1, 8, 32}, K = 4, V of the model (49152) and 128256; min and median over repeats, 1 thread
     (vLLM's CPU worker runs torch on one thread).
-(2) End to end: `LLM.generate` throughput (generated tokens / s, ignore_eos) with n-gram speculation, stock
-    vLLM against the plug-in, and plain decoding (stock and plug-in); greedy and seeded T = 0.7; a batch
-    of 8 prompts and the first (a copy task) alone. Each engine runs in its own
-    subprocess, one at a time; min and median over repeats of the same batch after a warm-up.
+(2) End to end: `LLM.generate` throughput (generated tokens / s, ignore_eos) with n-gram speculation and
+    with a draft model (method="draft_model", the target as its own draft, k = 3: greedy drafts, and
+    draft_sample_method="probabilistic": sampled drafts), stock vLLM against the plug-in, and plain
+    decoding (stock and plug-in); greedy and seeded T = 0.7; a batch of 8 prompts and the first (a copy
+    task) alone; one worker, or --tensor-parallel N (the mp executor, threads bound one core a worker).
+    Each engine runs in its own subprocess, one at a time; min and median over repeats of the same batch
+    after a warm-up. Stock vLLM's sampled output under speculation is not the target's distribution
+    (docs/vllm.md): its rows are marked so.
 The last line printed is one JSON object with every number.
 """
 
@@ -216,7 +220,8 @@ def engine_worker(config: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=config["model"], dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-              speculative_config=config["speculative"], max_num_seqs=len(PROMPTS))  # fmt: skip
+              speculative_config=config["speculative"], max_num_seqs=len(PROMPTS),
+              tensor_parallel_size=config["tensor_parallel"], distributed_executor_backend="mp")  # fmt: skip
     results = {}
     for size in config["batches"]:
         prompts = PROMPTS[:size]
@@ -242,11 +247,26 @@ def engine_worker(config: dict) -> dict:
     return results
 
 
+def speculation(method: str | None, model: Path) -> dict | None:
+    """vLLM's speculative_config for a method of ENGINES (None: plain decoding)."""
+    if method is None:
+        return None
+    if method == "n-gram":
+        return NGRAM
+    draft = {"method": "draft_model", "model": str(model), "num_speculative_tokens": 3}  # the target as its draft
+    return {**draft, "draft_sample_method": "probabilistic"} if method == "draft model, sampled" else draft
+
+
+#: engine name -> (the plug-in on, the speculation method of `speculation`)
 ENGINES = {
-    "stock, n-gram": (False, True),
-    "specverify, n-gram": (True, True),
-    "stock, plain": (False, False),
-    "specverify, plain": (True, False),
+    "stock, n-gram": (False, "n-gram"),
+    "specverify, n-gram": (True, "n-gram"),
+    "stock, draft model": (False, "draft model"),
+    "specverify, draft model": (True, "draft model"),
+    "stock, draft model, sampled": (False, "draft model, sampled"),
+    "specverify, draft model, sampled": (True, "draft model, sampled"),
+    "stock, plain": (False, None),
+    "specverify, plain": (True, None),
 }
 SETTINGS = {"greedy": {"temperature": 0.0}, "T 0.7": {"temperature": 0.7}}
 BATCHES = (8, 1)  # all prompts; the first (a copy task) alone
@@ -260,20 +280,23 @@ def bench_end_to_end(
     engines: tuple = tuple(ENGINES),
     batches: tuple = BATCHES,
     settings: tuple = tuple(SETTINGS),
+    tensor_parallel: int = 1,
 ) -> dict:
     """Every engine of ENGINES in turn, `cycles` times (engines alternate, so that a busier moment of the
     machine does not fall on one of them only); per engine and setting the median of the cycles' medians.
-    batches: the batch sizes (the first n prompts); settings: names of SETTINGS."""
+    batches: the batch sizes (the first n prompts); settings: names of SETTINGS; tensor_parallel: workers
+    (each bound to one core of VLLM_CPU_OMP_THREADS_BIND)."""
     results = {}
-    for cycle, (name, (plugin, speculative)) in (
-        (c, e) for c in range(cycles) for e in ENGINES.items() if e[0] in engines
-    ):
+    for cycle, (name, (plugin, method)) in ((c, e) for c in range(cycles) for e in ENGINES.items() if e[0] in engines):
         env = {**os.environ, **NETWORK}
         env.pop("SPECVERIFY_VLLM", None)
         if plugin:
             env["SPECVERIFY_VLLM"] = "1"
-        config = {"model": str(model), "speculative": NGRAM if speculative else None, "repeats": repeats,
-                  "max_tokens": max_tokens, "batches": list(batches), "settings": list(settings)}  # fmt: skip
+        if tensor_parallel > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(w % (os.cpu_count() or 1)) for w in range(tensor_parallel))
+        config = {"model": str(model), "speculative": speculation(method, model), "repeats": repeats,
+                  "max_tokens": max_tokens, "batches": list(batches), "settings": list(settings),
+                  "tensor_parallel": tensor_parallel}  # fmt: skip
         with tempfile.TemporaryDirectory() as folder:
             job, out = Path(folder) / "job.json", Path(folder) / "out.json"
             job.write_text(json.dumps(config))
@@ -307,6 +330,9 @@ def bench_end_to_end(
 
     ratios, same = {}, {}
     pairs = [("specverify, n-gram", "stock, n-gram"), ("specverify, n-gram", "stock, plain"),
+             ("specverify, draft model", "stock, draft model"),
+             ("specverify, draft model, sampled", "stock, draft model, sampled"),
+             ("specverify, draft model", "specverify, plain"),
              ("specverify, plain", "stock, plain"), ("specverify, n-gram", "specverify, plain")]  # fmt: skip
     for size in batches:
         for setting in settings:
@@ -315,8 +341,9 @@ def bench_end_to_end(
                 if ours in results and theirs in results:
                     ratios[f"{row}: {ours} / {theirs}"] = median(ours, row) / median(theirs, row)
                     same[f"{row}: {ours} == {theirs}"] = ids(ours, row) == ids(theirs, row)
-            if "stock, n-gram" in results and "stock, plain" in results:
-                same[f"{row}: stock, n-gram == stock, plain"] = ids("stock, n-gram", row) == ids("stock, plain", row)
+            for stock in ("stock, n-gram", "stock, draft model", "stock, draft model, sampled"):
+                if stock in results and "stock, plain" in results:  # False at T > 0: not the target's tokens
+                    same[f"{row}: {stock} == stock, plain"] = ids(stock, row) == ids("stock, plain", row)
     for label, value in {**ratios, **same}.items():
         print(f"{label}: {value:.3f}" if isinstance(value, float) else f"{label}: {value}")
     for row in results.values():
@@ -331,7 +358,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per verifier shape (default 15)")
     parser.add_argument("--e2e-repeats", type=int, default=3, help="timed batches per engine setting (default 3)")
     parser.add_argument("--max-tokens", type=int, default=96, help="tokens per request end to end (default 96)")
-    parser.add_argument("--cycles", type=int, default=1, help="rounds over the four engines end to end (default 1)")
+    parser.add_argument("--cycles", type=int, default=1, help="rounds over the engines end to end (default 1)")
     parser.add_argument(
         "--engines", default=";".join(ENGINES), help="which engines end to end, separated by ; (default all)"
     )
@@ -342,6 +369,7 @@ def main() -> None:
     parser.add_argument(
         "--model", type=Path, default=None, help="a transformers model folder (default: SmolLM2 from our cache)"
     )
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="workers end to end (default 1)")
     parser.add_argument("--engine-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine_worker:
@@ -364,6 +392,7 @@ def main() -> None:
             tuple(e.strip() for e in args.engines.split(";")),
             tuple(int(b) for b in args.batches.split(",")),
             tuple(s.strip() for s in args.settings.split(";")),
+            args.tensor_parallel,
         )
     print(json.dumps(report))
 

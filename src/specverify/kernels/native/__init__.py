@@ -34,7 +34,7 @@ import torch
 from ...contract import MASK64, ROW_STRIDE, cache_root
 from ..backend import Backend
 from . import arguments
-from .arguments import fill
+from .arguments import row_address
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-ffp-contract=fast", "-Wno-psabi"]
@@ -234,20 +234,19 @@ def weigh_rows(
     source = None if source is None else _as(source, torch.int64)
     blocks = -(-vocab // block)
     sums = torch.empty(rows, blocks, dtype=torch.float64)
+    logits_per_row = 0 if source is not None else vocab  # (rows picked by source: all of them from row 0)
     kernel = load().weigh_rows
 
     def run(start: int, stop: int) -> None:
-        struct = fill(
-            arguments.WeighArgs,
-            start,
-            logits=(logits, 0 if source is not None else vocab),  # (rows picked by source: from row 0)
-            source=(source, 1),
-            temperature=(temperature, 1),
-            top_k=(top_k, 1),
-            top_p=(top_p, 1),
-            min_p=(min_p, 1),
-            weights=(out, vocab),
-            block_sums=(sums, blocks),
+        struct = arguments.WeighArgs(
+            logits=row_address(logits, start, logits_per_row),
+            source=row_address(source, start, 1),
+            temperature=row_address(temperature, start, 1),
+            top_k=row_address(top_k, start, 1),
+            top_p=row_address(top_p, start, 1),
+            min_p=row_address(min_p, start, 1),
+            weights=row_address(out, start, vocab),
+            block_sums=row_address(sums, start, blocks),
             dtype=dtype,
             rows=stop - start,
             n=vocab,
@@ -269,8 +268,13 @@ def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     kernel = load().argmax_rows
 
     def run(start: int, stop: int) -> None:
-        struct = fill(arguments.ArgmaxArgs, start, values=(values, vocab), out=(out, 1), dtype=dtype)
-        struct.rows, struct.n = stop - start, vocab
+        struct = arguments.ArgmaxArgs(
+            values=row_address(values, start, vocab),
+            out=row_address(out, start, 1),
+            dtype=dtype,
+            rows=stop - start,
+            n=vocab,
+        )
         _run(kernel, "argmax_rows", struct)
 
     _split_rows(rows, run)
@@ -286,8 +290,14 @@ def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch
     kernel = load().scan_rows
 
     def run(start: int, stop: int) -> None:
-        struct = fill(arguments.ScanArgs, start, values=(values, vocab), in_use=(in_use, 1), flags=(out, 1))
-        struct.dtype, struct.rows, struct.n = dtype, stop - start, vocab
+        struct = arguments.ScanArgs(
+            values=row_address(values, start, vocab),
+            in_use=row_address(in_use, start, 1),
+            flags=row_address(out, start, 1),
+            dtype=dtype,
+            rows=stop - start,
+            n=vocab,
+        )
         _run(kernel, "scan_rows", struct)
 
     _split_rows(rows, run)
@@ -303,13 +313,11 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
     kernel = load().sample_rows
 
     def run(start: int, stop: int) -> None:
-        struct = fill(
-            arguments.SampleArgs,
-            start,
-            weights=(weights, vocab),
-            block_sums=(sums, blocks),
-            uniforms=(uniforms, 1),
-            out=(out, 1),
+        struct = arguments.SampleArgs(
+            weights=row_address(weights, start, vocab),
+            block_sums=row_address(sums, start, blocks),
+            uniforms=row_address(uniforms, start, 1),
+            out=row_address(out, start, 1),
             rows=stop - start,
             n=vocab,
             block=block,
@@ -329,7 +337,7 @@ def _keys(seeds: int | torch.Tensor, shared: bool, start: int) -> arguments.Requ
     """kernels.c's request_keys for the requests from `start` on: seeds int64 [B], one per request, or
     (shared) one seed for the batch, an int or int64 [] (request b: s + b * ROW_STRIDE, mod 2**64)."""
     if not shared:
-        return fill(arguments.RequestKeys, start, seeds=(seeds, 1), seeds_step=1)
+        return arguments.RequestKeys(seeds=row_address(seeds, start, 1), seeds_step=1)
     offset = start * ROW_STRIDE
     if isinstance(seeds, int):
         return arguments.RequestKeys(None, 0, (seeds + offset) & MASK64, ROW_STRIDE)
@@ -356,14 +364,12 @@ def _chain_rows(
     of dtype code `dtype`, the readable params (_readable_params) and the block."""
     vocab = logits.shape[-1]
     temperature, greedy_below, top_k, top_p, min_p, rtol = params
-    return fill(
-        arguments.ChainRows,
-        start,
-        logits=(logits, per_position * vocab),
-        temperature=(temperature, 1),
-        top_k=(top_k, 1),
-        top_p=(top_p, 1),
-        min_p=(min_p, 1),
+    return arguments.ChainRows(
+        logits=row_address(logits, start, per_position * vocab),
+        temperature=row_address(temperature, start, 1),
+        top_k=row_address(top_k, start, 1),
+        top_p=row_address(top_p, start, 1),
+        min_p=row_address(min_p, start, 1),
         dtype=dtype,
         requests=stop - start,
         per_position=per_position,
@@ -379,14 +385,12 @@ def _kept_rows(kept: tuple | None, blocks: int, vocab: int, row: int) -> argumen
     if kept is None:
         return arguments.KeptRows(capacity=KEPT_CAPACITY)
     count, ids, weights, dense, sums = kept
-    return fill(
-        arguments.KeptRows,
-        row,
-        count=(count, 1),
-        ids=(ids, KEPT_CAPACITY),
-        weights=(weights, KEPT_CAPACITY),
-        dense=(dense, vocab),
-        block_sums=(sums, blocks),
+    return arguments.KeptRows(
+        count=row_address(count, row, 1),
+        ids=row_address(ids, row, KEPT_CAPACITY),
+        weights=row_address(weights, row, KEPT_CAPACITY),
+        dense=row_address(dense, row, vocab),
+        block_sums=row_address(sums, row, blocks),
         capacity=KEPT_CAPACITY,
     )
 
@@ -432,19 +436,17 @@ def _draw(
     kernel = load().draw_rows
 
     def run(a: int, b: int) -> None:
-        struct = fill(
-            arguments.DrawArgs,
-            a,
+        struct = arguments.DrawArgs(
             rows=_chain_rows(logits, dtype, per_position, params, block, a, b),
             keys=_keys(seeds, shared, a),
             salt=salt,
-            tokens=(tokens, per_position),
-            proposed=(proposed, drafted),
-            first=(first, 1),
-            draft=(draft, drafted),
+            tokens=row_address(tokens, a, per_position),
+            proposed=row_address(proposed, a, drafted),
+            first=row_address(first, a, 1),
+            draft=row_address(draft, a, drafted),
             accept_salt=accept_salt,
-            at_draft=(at_draft, drafted),
-            accept_uniforms=(accept, drafted),
+            at_draft=row_address(at_draft, a, drafted),
+            accept_uniforms=row_address(accept, a, drafted),
             kept=_kept_rows(kept, blocks, vocab, a * per_position),
         )
         _run(kernel, "draw_rows", struct)
@@ -548,20 +550,18 @@ def draw_sampled_verdicts(
     kernel = load().draw_sampled_verdicts
 
     def run(a: int, b: int) -> None:
-        struct = fill(
-            arguments.SampledVerdictArgs,
-            a,
+        struct = arguments.SampledVerdictArgs(
             rows=_chain_rows(logits, dtype, per_position, params, block, a, b),
             keys=_keys(seed, shared, a),
             salt=salts[0],
             accept_salt=salts[1],
             residual_salt=salts[2],
-            proposed=(proposed, drafted),
-            draft_probs=(draft_probs, drafted * vocab),
-            dense=(dense, per_position * vocab),
-            tokens=(tokens, per_position),
-            recovered=(recovered, drafted),
-            first=(first, 1),
+            proposed=row_address(proposed, a, drafted),
+            draft_probs=row_address(draft_probs, a, drafted * vocab),
+            dense=row_address(dense, a, per_position * vocab),
+            tokens=row_address(tokens, a, per_position),
+            recovered=row_address(recovered, a, drafted),
+            first=row_address(first, a, 1),
             draft_dtype=draft_dtype,
             capacity=KEPT_CAPACITY,
         )
@@ -595,17 +595,15 @@ def recover_kept_rows(
     kernel = load().recover_kept_rows
 
     def run(a: int, b: int) -> None:
-        struct = fill(
-            arguments.RecoverKeptArgs,
-            a,
+        struct = arguments.RecoverKeptArgs(
             kept=_kept_rows((*kept, weight_sums), blocks, vocab, a * (positions + 1)),
             keys=_keys(seeds, False, a),
             salt=salt,
-            mass=(mass, positions),
-            draft_probs=(draft_probs, positions * vocab),
-            draft=(draft, positions),
-            mode=(mode, positions),
-            out=(out, positions),
+            mass=row_address(mass, a, positions),
+            draft_probs=row_address(draft_probs, a, positions * vocab),
+            draft=row_address(draft, a, positions),
+            mode=row_address(mode, a, positions),
+            out=row_address(out, a, positions),
             draft_dtype=draft_dtype,
             requests=b - a,
             positions=positions,
@@ -639,17 +637,15 @@ def recover_rows(
     kernel = load().recover_rows
 
     def run(a: int, b: int) -> None:
-        struct = fill(
-            arguments.RecoverArgs,
-            a,
-            weights=(weights, weight_positions * vocab),
-            weight_sums=(weight_sums, weight_positions * blocks),
-            mass=(mass, positions),
-            draft_probs=(draft_probs, positions * vocab),
-            draft=(draft, positions),
-            mode=(mode, positions),
-            uniforms=(uniforms, positions),
-            out=(out, positions),
+        struct = arguments.RecoverArgs(
+            weights=row_address(weights, a, weight_positions * vocab),
+            weight_sums=row_address(weight_sums, a, weight_positions * blocks),
+            mass=row_address(mass, a, positions),
+            draft_probs=row_address(draft_probs, a, positions * vocab),
+            draft=row_address(draft, a, positions),
+            mode=row_address(mode, a, positions),
+            uniforms=row_address(uniforms, a, positions),
+            out=row_address(out, a, positions),
             draft_dtype=draft_dtype,
             requests=b - a,
             positions=positions,
@@ -674,13 +670,11 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     kernel = load().relaxed_rows
 
     def run(a: int, b: int) -> None:
-        struct = fill(
-            arguments.RelaxedArgs,
-            a,
-            logits=(logits, logit_positions * vocab),
-            draft=(draft, positions),
-            accepted=(accepted, positions),
-            top1=(top1, positions),
+        struct = arguments.RelaxedArgs(
+            logits=row_address(logits, a, logit_positions * vocab),
+            draft=row_address(draft, a, positions),
+            accepted=row_address(accepted, a, positions),
+            top1=row_address(top1, a, positions),
             dtype=dtype,
             requests=b - a,
             positions=positions,

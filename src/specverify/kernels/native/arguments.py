@@ -1,7 +1,7 @@
 """The argument structs of kernels.c's entry points as ctypes Structures, field for field in the order of
 kernels.c (whose struct comments say the same). Each entry point takes one pointer to one of these and
 returns 0, or the bytes of an allocation it could not make. A pointer field holds the address of the first
-element of the call's slice (`fill`); B and rows below are the slice's. load() checks the sizes against
+element of the call's slice (`row_address`); B and rows below are the slice's. load() checks the sizes against
 kernels.c's (specverify_struct_sizes), so a field added on one side only fails at once.
 """
 
@@ -247,12 +247,3 @@ ENTRY_POINTS = {
 def row_address(tensor: torch.Tensor | None, start: int, per_row: int) -> int | None:
     """The address of row `start` of a contiguous tensor of `per_row` elements a row (None for None)."""
     return None if tensor is None else tensor.data_ptr() + start * per_row * tensor.element_size()
-
-
-def fill(struct: type[ctypes.Structure], start: int, **fields) -> ctypes.Structure:
-    """`struct` for the slice of rows (or requests) from `start` on: a field given as (tensor or None,
-    elements per row) points at that tensor's row `start` (NULL for None); any other field as given."""
-    values = {}
-    for name, value in fields.items():
-        values[name] = row_address(value[0], start, value[1]) if type(value) is tuple else value
-    return struct(**values)

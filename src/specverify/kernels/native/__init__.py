@@ -33,6 +33,8 @@ import torch
 
 from ...contract import MASK64, ROW_STRIDE, cache_root
 from ..backend import Backend
+from . import arguments
+from .arguments import row_address
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-fPIC", "-std=c99", "-fno-trapping-math", "-ffp-contract=fast", "-Wno-psabi"]
@@ -148,59 +150,32 @@ def load() -> ctypes.CDLL | None:
             )
             return None
     library.specverify_threads_itself = threaded
-    pointer, i32, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
-    u64 = ctypes.c_uint64
-    library.weigh_rows.argtypes = [
-        pointer,
-        i32,
-        pointer,
-        i64,
-        i64,
-        pointer,
-        f32,
-        pointer,
-        pointer,
-        pointer,
-        f64,
-        i64,
-        pointer,
-        pointer,
-    ]
-    library.draw_rows.argtypes = [
-        *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64),
-        *(pointer, i64, u64, u64, u64, pointer, pointer),
-        *(pointer, u64, pointer, pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer),
-    ]
-    library.recover_kept_rows.argtypes = [
-        *(pointer, pointer, pointer, i64, pointer, pointer, pointer, pointer, i32, pointer, pointer),
-        *(pointer, i64, u64, u64, u64, i64, i64, i64, i64, pointer),
-    ]
-    library.draw_sampled_verdicts.argtypes = [
-        *(pointer, i32, i64, i64, i64, pointer, f32, pointer, pointer, pointer, f64, i64),
-        *(pointer, i64, u64, u64, u64, u64, u64),
-        *(pointer, pointer, i32, pointer, i64, pointer, pointer, pointer),
-    ]
-    library.argmax_rows.argtypes = [pointer, i32, i64, i64, pointer]
-    library.scan_rows.argtypes = [pointer, i32, i64, i64, pointer, pointer]
-    library.sample_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer, pointer]
-    library.relaxed_rows.argtypes = [pointer, i32, pointer, i64, i64, i64, i64, i64, f64, pointer, pointer]
-    library.recover_rows.argtypes = [
-        pointer,
-        pointer,
-        pointer,
-        pointer,
-        i32,
-        pointer,
-        pointer,
-        pointer,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        pointer,
-    ]
+    _declare(library)
     return library
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    """Declare each entry point's one argument (a pointer to its struct) and its result (0, or the bytes of
+    an allocation it could not make); RuntimeError where kernels.c's structs and arguments.py's differ (a
+    field added on one side only)."""
+    sizes = (ctypes.c_int64 * len(arguments.STRUCTS))()
+    library.specverify_struct_sizes(sizes)
+    differ = [s.__name__ for s, size in zip(arguments.STRUCTS, sizes) if ctypes.sizeof(s) != size]
+    if differ:
+        raise RuntimeError(
+            f"specverify: the argument structs of kernels.c and arguments.py differ in size: {', '.join(differ)}"
+        )
+    for name, struct in arguments.ENTRY_POINTS.items():
+        kernel = getattr(library, name)
+        kernel.argtypes, kernel.restype = [ctypes.POINTER(struct)], ctypes.c_int64
+    library.specverify_refuse_allocations_above.argtypes = [ctypes.c_uint64]
+
+
+def _run(kernel, name: str, struct: ctypes.Structure) -> None:
+    """One call of an entry point on its argument struct; MemoryError where it could not allocate."""
+    refused = kernel(ctypes.byref(struct))
+    if refused:
+        raise MemoryError(f"specverify: the C kernel {name} could not allocate {refused} bytes")
 
 
 @functools.cache
@@ -254,31 +229,32 @@ def weigh_rows(
     as they are; a skipped row costs next to nothing)."""
     rows, vocab = out.shape
     logits, dtype = _readable(logits)
-    width = logits.element_size()
     temperature, top_k, top_p = _as(temperature, torch.float32), _as(top_k, torch.int64), _as(top_p, torch.float32)
     min_p = None if min_p is None else _as(min_p, torch.float32)
     source = None if source is None else _as(source, torch.int64)
     blocks = -(-vocab // block)
     sums = torch.empty(rows, blocks, dtype=torch.float64)
-    library = load()
+    logits_per_row = 0 if source is not None else vocab  # (rows picked by source: all of them from row 0)
+    kernel = load().weigh_rows
 
     def run(start: int, stop: int) -> None:
-        library.weigh_rows(
-            logits.data_ptr() + (0 if source is not None else start * vocab * width),
-            dtype,
-            None if source is None else source.data_ptr() + start * 8,
-            stop - start,
-            vocab,
-            temperature.data_ptr() + start * 4,
-            greedy_below,
-            top_k.data_ptr() + start * 8,
-            top_p.data_ptr() + start * 4,
-            None if min_p is None else min_p.data_ptr() + start * 4,
-            rtol,
-            block,
-            out.data_ptr() + start * vocab * 4,
-            sums.data_ptr() + start * blocks * 8,
+        struct = arguments.WeighArgs(
+            logits=row_address(logits, start, logits_per_row),
+            source=row_address(source, start, 1),
+            temperature=row_address(temperature, start, 1),
+            top_k=row_address(top_k, start, 1),
+            top_p=row_address(top_p, start, 1),
+            min_p=row_address(min_p, start, 1),
+            weights=row_address(out, start, vocab),
+            block_sums=row_address(sums, start, blocks),
+            dtype=dtype,
+            rows=stop - start,
+            n=vocab,
+            block=block,
+            rtol=rtol,
+            greedy_below=greedy_below,
         )
+        _run(kernel, "weigh_rows", struct)
 
     _split_rows(rows, run)
     return sums
@@ -288,15 +264,20 @@ def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     """interface.argmax_rows in C."""
     values, dtype = _readable(values)
     rows, vocab = values.shape
-    width = values.element_size()
     out = torch.empty(rows, dtype=torch.int64)
-    library = load()
-    _split_rows(
-        rows,
-        lambda a, b: library.argmax_rows(
-            values.data_ptr() + a * vocab * width, dtype, b - a, vocab, out.data_ptr() + a * 8
-        ),
-    )
+    kernel = load().argmax_rows
+
+    def run(start: int, stop: int) -> None:
+        struct = arguments.ArgmaxArgs(
+            values=row_address(values, start, vocab),
+            out=row_address(out, start, 1),
+            dtype=dtype,
+            rows=stop - start,
+            n=vocab,
+        )
+        _run(kernel, "argmax_rows", struct)
+
+    _split_rows(rows, run)
     return out
 
 
@@ -304,21 +285,22 @@ def scan_rows(values: torch.Tensor, in_use: torch.Tensor | None = None) -> torch
     """interface.scan_rows in C, on the bit patterns (rows not in use not read)."""
     values, dtype = _readable(values)
     rows, vocab = values.shape
-    width = values.element_size()
     in_use = None if in_use is None else in_use.to(torch.uint8).contiguous()
     out = torch.empty(rows, dtype=torch.uint8)
-    library = load()
-    _split_rows(
-        rows,
-        lambda a, b: library.scan_rows(
-            values.data_ptr() + a * vocab * width,
-            dtype,
-            b - a,
-            vocab,
-            None if in_use is None else in_use.data_ptr() + a,
-            out.data_ptr() + a,
-        ),
-    )
+    kernel = load().scan_rows
+
+    def run(start: int, stop: int) -> None:
+        struct = arguments.ScanArgs(
+            values=row_address(values, start, vocab),
+            in_use=row_address(in_use, start, 1),
+            flags=row_address(out, start, 1),
+            dtype=dtype,
+            rows=stop - start,
+            n=vocab,
+        )
+        _run(kernel, "scan_rows", struct)
+
+    _split_rows(rows, run)
     return out
 
 
@@ -328,25 +310,22 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
     sums, uniforms = _as(sums, torch.float64), _as(uniforms, torch.float64)
     blocks = sums.shape[1]
     out = torch.empty(rows, dtype=torch.int64)
-    library = load()
-    _split_rows(
-        rows,
-        lambda a, b: library.sample_rows(
-            weights.data_ptr() + a * vocab * 4,
-            b - a,
-            vocab,
-            sums.data_ptr() + a * blocks * 8,
-            block,
-            uniforms.data_ptr() + a * 8,
-            out.data_ptr() + a * 8,
-        ),
-    )
+    kernel = load().sample_rows
+
+    def run(start: int, stop: int) -> None:
+        struct = arguments.SampleArgs(
+            weights=row_address(weights, start, vocab),
+            block_sums=row_address(sums, start, blocks),
+            uniforms=row_address(uniforms, start, 1),
+            out=row_address(out, start, 1),
+            rows=stop - start,
+            n=vocab,
+            block=block,
+        )
+        _run(kernel, "sample_rows", struct)
+
+    _split_rows(rows, run)
     return out
-
-
-def _row_address(tensor: torch.Tensor | None, start: int, per_row: int) -> int | None:
-    """The address of row `start` of a contiguous tensor of `per_row` elements a row (None for None)."""
-    return None if tensor is None else tensor.data_ptr() + start * per_row * tensor.element_size()
 
 
 #: The most tokens a row's kept set may hold to reach the recovery draw sparsely (draw_rows); a larger one
@@ -354,16 +333,15 @@ def _row_address(tensor: torch.Tensor | None, start: int, per_row: int) -> int |
 KEPT_CAPACITY = 1024
 
 
-def _key_bases(seeds: int | torch.Tensor, shared: bool, start: int) -> tuple[int | None, int, int, int]:
-    """The key arguments of kernels.c's request_seed (seeds, seeds_step, offset, row_stride) for the
-    requests from `start` on: seeds int64 [B], one per request, or (shared) one seed for the batch, an int or
-    int64 [] (request b: s + b * ROW_STRIDE, mod 2**64)."""
+def _keys(seeds: int | torch.Tensor, shared: bool, start: int) -> arguments.RequestKeys:
+    """kernels.c's request_keys for the requests from `start` on: seeds int64 [B], one per request, or
+    (shared) one seed for the batch, an int or int64 [] (request b: s + b * ROW_STRIDE, mod 2**64)."""
     if not shared:
-        return _row_address(seeds, start, 1), 1, 0, 0
+        return arguments.RequestKeys(seeds=row_address(seeds, start, 1), seeds_step=1)
     offset = start * ROW_STRIDE
     if isinstance(seeds, int):
-        return None, 0, (seeds + offset) & MASK64, ROW_STRIDE
-    return seeds.data_ptr(), 0, offset & MASK64, ROW_STRIDE
+        return arguments.RequestKeys(None, 0, (seeds + offset) & MASK64, ROW_STRIDE)
+    return arguments.RequestKeys(seeds.data_ptr(), 0, offset & MASK64, ROW_STRIDE)
 
 
 def _readable_params(params: tuple) -> tuple:
@@ -379,28 +357,41 @@ def _readable_seed(seed: int | torch.Tensor) -> int | torch.Tensor:
     return _as(seed, torch.int64) if isinstance(seed, torch.Tensor) else seed
 
 
-def _leading_arguments(
-    logits: torch.Tensor, dtype: int, per_position: int, params: tuple, block: int, seed, shared: bool, a: int, b: int
-) -> tuple:
-    """The arguments kernels.c's draw_rows and draw_sampled_verdicts begin with, for requests [a, b):
-    their logits rows, dtype code, count, per_position, V, the readable params (_readable_params), block and
-    the key arguments (_key_bases)."""
+def _chain_rows(
+    logits: torch.Tensor, dtype: int, per_position: int, params: tuple, block: int, start: int, stop: int
+) -> arguments.ChainRows:
+    """kernels.c's chain_rows for requests [start, stop): their logits rows [.., V] (per_position a request)
+    of dtype code `dtype`, the readable params (_readable_params) and the block."""
     vocab = logits.shape[-1]
     temperature, greedy_below, top_k, top_p, min_p, rtol = params
-    return (
-        logits.data_ptr() + a * per_position * vocab * logits.element_size(),
-        dtype,
-        b - a,
-        per_position,
-        vocab,
-        _row_address(temperature, a, 1),
-        greedy_below,
-        _row_address(top_k, a, 1),
-        _row_address(top_p, a, 1),
-        _row_address(min_p, a, 1),
-        rtol,
-        block,
-        *_key_bases(seed, shared, a),
+    return arguments.ChainRows(
+        logits=row_address(logits, start, per_position * vocab),
+        temperature=row_address(temperature, start, 1),
+        top_k=row_address(top_k, start, 1),
+        top_p=row_address(top_p, start, 1),
+        min_p=row_address(min_p, start, 1),
+        dtype=dtype,
+        requests=stop - start,
+        per_position=per_position,
+        n=vocab,
+        block=block,
+        rtol=rtol,
+        greedy_below=greedy_below,
+    )
+
+
+def _kept_rows(kept: tuple | None, blocks: int, vocab: int, row: int) -> arguments.KeptRows:
+    """kernels.c's kept_rows from row `row` on: kept (count, ids, weights, dense, block sums) or None."""
+    if kept is None:
+        return arguments.KeptRows(capacity=KEPT_CAPACITY)
+    count, ids, weights, dense, sums = kept
+    return arguments.KeptRows(
+        count=row_address(count, row, 1),
+        ids=row_address(ids, row, KEPT_CAPACITY),
+        weights=row_address(weights, row, KEPT_CAPACITY),
+        dense=row_address(dense, row, vocab),
+        block_sums=row_address(sums, row, blocks),
+        capacity=KEPT_CAPACITY,
     )
 
 
@@ -418,7 +409,7 @@ def _draw(
 ) -> tuple:
     """kernels.c's draw_rows over logits [R, V] or [B, per_position, V] (R = B * per_position). params:
     (temperature, greedy_below, top_k, top_p, min_p, rtol), per request [B] where tensors; keys: (seeds,
-    shared, salt) as _key_bases takes them and the stream's salt; tokens: contiguous int64 of R elements,
+    shared, salt) as _keys takes them and the stream's salt; tokens: contiguous int64 of R elements,
     written with the draws (in the shape the caller returns); proposed: the drafts as given, int [B, per_position - 1] (argmax-mode
     verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> (first int64 [B] or None, the
     sampled mode's outputs or None)."""
@@ -428,7 +419,7 @@ def _draw(
     params = _readable_params(params)
     seeds, shared, salt = keys
     seeds = _readable_seed(seeds)
-    first = at_draft = accept = sums = count = ids = weights = None  # (only the tokens, unless asked for)
+    first = at_draft = accept = sums = kept = None  # (only the tokens, unless asked for)
     if proposed is not None:
         proposed = _as(proposed, torch.int64)
         first = torch.empty(requests, dtype=torch.int64)
@@ -441,31 +432,27 @@ def _draw(
         count = torch.empty(rows, dtype=torch.int64)
         ids = torch.empty(rows, KEPT_CAPACITY, dtype=torch.int32)
         weights = torch.empty(rows, KEPT_CAPACITY, dtype=torch.float32)
-    library = load()
-    address = _row_address
+        kept = (count, ids, weights, dense, sums)
+    kernel = load().draw_rows
 
     def run(a: int, b: int) -> None:
-        row = a * per_position
-        library.draw_rows(
-            *_leading_arguments(logits, dtype, per_position, params, block, seeds, shared, a, b),
-            salt,
-            address(proposed, a, drafted),
-            address(first, a, 1),
-            address(draft, a, drafted),
-            accept_salt,
-            address(tokens, row, 1),
-            address(at_draft, a, drafted),
-            address(accept, a, drafted),
-            address(sums, row, blocks),
-            KEPT_CAPACITY,
-            address(ids, row, KEPT_CAPACITY),
-            address(weights, row, KEPT_CAPACITY),
-            address(count, row, 1),
-            address(dense, row, vocab),
+        struct = arguments.DrawArgs(
+            rows=_chain_rows(logits, dtype, per_position, params, block, a, b),
+            keys=_keys(seeds, shared, a),
+            salt=salt,
+            tokens=row_address(tokens, a, per_position),
+            proposed=row_address(proposed, a, drafted),
+            first=row_address(first, a, 1),
+            draft=row_address(draft, a, drafted),
+            accept_salt=accept_salt,
+            at_draft=row_address(at_draft, a, drafted),
+            accept_uniforms=row_address(accept, a, drafted),
+            kept=_kept_rows(kept, blocks, vocab, a * per_position),
         )
+        _run(kernel, "draw_rows", struct)
 
     _split_rows(requests, run)
-    return first, None if draft is None else (at_draft, accept, sums, (count, ids, weights, dense))
+    return first, None if draft is None else (at_draft, accept, sums, None if kept is None else kept[:4])
 
 
 def draw_rows(
@@ -554,30 +541,31 @@ def draw_sampled_verdicts(
     per_position, vocab = drafted + 1, logits.shape[-1]
     logits, dtype = _readable(logits)
     draft_probs, draft_dtype = _readable(draft_probs)
-    draft_width = draft_probs.element_size()
     params = _readable_params((temperature, greedy_below, top_k, top_p, min_p, rtol))
     seed = _readable_seed(seed)
     proposed = _as(draft_tokens, torch.int64)
     tokens = torch.empty(requests, per_position, dtype=torch.int64)
     recovered = torch.empty(requests, drafted, dtype=torch.int64)
     first = torch.empty(requests, dtype=torch.int64)
-    library = load()
-    address = _row_address
+    kernel = load().draw_sampled_verdicts
 
     def run(a: int, b: int) -> None:
-        row = a * per_position
-        library.draw_sampled_verdicts(
-            *_leading_arguments(logits, dtype, per_position, params, block, seed, shared, a, b),
-            *salts,
-            address(proposed, a, drafted),
-            draft_probs.data_ptr() + a * drafted * vocab * draft_width,
-            draft_dtype,
-            address(dense, row, vocab),
-            KEPT_CAPACITY,
-            address(tokens, a, per_position),
-            address(recovered, a, drafted),
-            address(first, a, 1),
+        struct = arguments.SampledVerdictArgs(
+            rows=_chain_rows(logits, dtype, per_position, params, block, a, b),
+            keys=_keys(seed, shared, a),
+            salt=salts[0],
+            accept_salt=salts[1],
+            residual_salt=salts[2],
+            proposed=row_address(proposed, a, drafted),
+            draft_probs=row_address(draft_probs, a, drafted * vocab),
+            dense=row_address(dense, a, per_position * vocab),
+            tokens=row_address(tokens, a, per_position),
+            recovered=row_address(recovered, a, drafted),
+            first=row_address(first, a, 1),
+            draft_dtype=draft_dtype,
+            capacity=KEPT_CAPACITY,
         )
+        _run(kernel, "draw_sampled_verdicts", struct)
 
     _split_rows(requests, run)
     return first, recovered, tokens[:, drafted:]
@@ -598,37 +586,31 @@ def recover_kept_rows(
     [B * (K + 1), blocks]), the uniform of position j of request b keyed by seeds[b] + j (int64 [B]) and
     `salt`. mass: float64 [B, K]; draft_probs: float [B, K, V]; draft: int64 [B, K]; mode: int [B, K]
     -> int64 [B, K]."""
-    count, ids, weights, dense = kept
     requests, positions, vocab = draft_probs.shape
     blocks = weight_sums.shape[-1]
     draft_probs, draft_dtype = _readable(draft_probs)
     mass, seeds = _as(mass, torch.float64), _as(seeds, torch.int64)
     draft, mode = _as(draft, torch.int64), _as(mode, torch.int32)
     out = torch.empty(requests, positions, dtype=torch.int64)
-    library = load()
+    kernel = load().recover_kept_rows
 
     def run(a: int, b: int) -> None:
-        first, weight_row = a * positions, a * (positions + 1)
-        library.recover_kept_rows(
-            _row_address(count, weight_row, 1),
-            _row_address(ids, weight_row, KEPT_CAPACITY),
-            _row_address(weights, weight_row, KEPT_CAPACITY),
-            KEPT_CAPACITY,
-            _row_address(dense, weight_row, vocab),
-            _row_address(weight_sums, weight_row, blocks),
-            _row_address(mass, first, 1),
-            _row_address(draft_probs, first, vocab),
-            draft_dtype,
-            _row_address(draft, first, 1),
-            _row_address(mode, first, 1),
-            *_key_bases(seeds, False, a),
-            salt,
-            b - a,
-            positions,
-            vocab,
-            block,
-            _row_address(out, first, 1),
+        struct = arguments.RecoverKeptArgs(
+            kept=_kept_rows((*kept, weight_sums), blocks, vocab, a * (positions + 1)),
+            keys=_keys(seeds, False, a),
+            salt=salt,
+            mass=row_address(mass, a, positions),
+            draft_probs=row_address(draft_probs, a, positions * vocab),
+            draft=row_address(draft, a, positions),
+            mode=row_address(mode, a, positions),
+            out=row_address(out, a, positions),
+            draft_dtype=draft_dtype,
+            requests=b - a,
+            positions=positions,
+            n=vocab,
+            block=block,
         )
+        _run(kernel, "recover_kept_rows", struct)
 
     _split_rows(requests, run)
     return out
@@ -649,30 +631,29 @@ def recover_rows(
     weight_positions, blocks = weights.shape[1], weight_sums.shape[-1]
     weights, weight_sums = weights.contiguous(), weight_sums.contiguous()
     draft_probs, draft_dtype = _readable(draft_probs)
-    width = draft_probs.element_size()
     mass, uniforms = _as(mass, torch.float64), _as(uniforms, torch.float64)
     draft, mode = _as(draft, torch.int64), _as(mode, torch.int32)
     out = torch.empty(requests, positions, dtype=torch.int64)
-    library = load()
+    kernel = load().recover_rows
 
     def run(a: int, b: int) -> None:
-        first = a * positions
-        library.recover_rows(
-            weights.data_ptr() + a * weight_positions * vocab * 4,
-            weight_sums.data_ptr() + a * weight_positions * blocks * 8,
-            mass.data_ptr() + first * 8,
-            draft_probs.data_ptr() + first * vocab * width,
-            draft_dtype,
-            draft.data_ptr() + first * 8,
-            mode.data_ptr() + first * 4,
-            uniforms.data_ptr() + first * 8,
-            b - a,
-            positions,
-            weight_positions,
-            vocab,
-            block,
-            out.data_ptr() + first * 8,
+        struct = arguments.RecoverArgs(
+            weights=row_address(weights, a, weight_positions * vocab),
+            weight_sums=row_address(weight_sums, a, weight_positions * blocks),
+            mass=row_address(mass, a, positions),
+            draft_probs=row_address(draft_probs, a, positions * vocab),
+            draft=row_address(draft, a, positions),
+            mode=row_address(mode, a, positions),
+            uniforms=row_address(uniforms, a, positions),
+            out=row_address(out, a, positions),
+            draft_dtype=draft_dtype,
+            requests=b - a,
+            positions=positions,
+            weight_positions=weight_positions,
+            n=vocab,
+            block=block,
         )
+        _run(kernel, "recover_rows", struct)
 
     _split_rows(requests, run)
     return out
@@ -683,27 +664,26 @@ def relaxed_rows(logits: torch.Tensor, draft: torch.Tensor, k: int, delta: float
     requests, positions = draft.shape
     logit_positions, vocab = logits.shape[1], logits.shape[2]
     logits, dtype = _readable(logits)
-    width = logits.element_size()
     draft = _as(draft, torch.int64)
     accepted = torch.zeros(requests, positions, dtype=torch.uint8)
     top1 = torch.zeros(requests, positions, dtype=torch.int64)
-    library = load()
+    kernel = load().relaxed_rows
 
     def run(a: int, b: int) -> None:
-        first = a * positions
-        library.relaxed_rows(
-            logits.data_ptr() + a * logit_positions * vocab * width,
-            dtype,
-            draft.data_ptr() + first * 8,
-            b - a,
-            positions,
-            logit_positions,
-            vocab,
-            k,
-            delta,
-            accepted.data_ptr() + first,
-            top1.data_ptr() + first * 8,
+        struct = arguments.RelaxedArgs(
+            logits=row_address(logits, a, logit_positions * vocab),
+            draft=row_address(draft, a, positions),
+            accepted=row_address(accepted, a, positions),
+            top1=row_address(top1, a, positions),
+            dtype=dtype,
+            requests=b - a,
+            positions=positions,
+            logit_positions=logit_positions,
+            n=vocab,
+            k=k,
+            delta=delta,
         )
+        _run(kernel, "relaxed_rows", struct)
 
     _split_rows(requests, run)
     return accepted.bool(), top1

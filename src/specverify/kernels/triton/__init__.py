@@ -19,7 +19,19 @@ from ..backend import Backend
 from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall, TreeCall
 from ..stages import tree
 from . import jit
-from .groups import Drafts, Flags, Logits, Outputs, Requests, Settings, Shape, constexprs
+from .groups import (
+    Drafts,
+    Draws,
+    Flags,
+    Logits,
+    Outputs,
+    RecoveryRows,
+    RelaxedRows,
+    Requests,
+    Settings,
+    Shape,
+    constexprs,
+)
 
 #: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).
 GPU_TILE_ELEMENTS = 1024
@@ -191,7 +203,10 @@ def sample_rows(weights, sums, block, uniforms):
     shape = _without_search(launch_shape(rows, vocab, weights.device))
     uniforms = uniforms.to(torch.float64).contiguous()
     jit.draw_kernel[_grid(rows, shape)](
-        weights, uniforms, out, weights, uniforms, out, out, 1, rows, vocab, 1, RECOVERY=False, **shape
+        Draws(weights=weights, uniforms=uniforms, tokens=out, V=vocab, rows=rows, positions=1, weight_rows=1),
+        RecoveryRows(probs=weights, scale=uniforms, use_q=out, excluded=out),  # (not read)
+        RECOVERY=False,
+        **shape,
     )
     return out
 
@@ -209,17 +224,21 @@ def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms,
     use_q = (mode == FROM_RESIDUAL).to(torch.int8).contiguous()
     excluded = torch.where(mode == WITHOUT_DRAFT, draft.to(torch.int64), -1).contiguous()
     jit.draw_kernel[_grid(rows, shape)](
-        weights.contiguous(),
-        uniforms.to(torch.float64).contiguous(),
-        out,
-        draft_probs.contiguous(),
-        scale,
-        use_q,
-        excluded,
-        weights.shape[1],
-        rows,
-        vocab,
-        positions,
+        Draws(
+            weights=weights.contiguous(),  # float32 [requests, weight rows, V]
+            uniforms=uniforms.to(torch.float64).contiguous(),  # float64 [rows]
+            tokens=out,  # int64 [requests, positions]
+            V=vocab,
+            rows=rows,
+            positions=positions,
+            weight_rows=weights.shape[1],
+        ),
+        RecoveryRows(
+            probs=draft_probs.contiguous(),  # float [requests, positions, V]
+            scale=scale,  # float32 [rows]
+            use_q=use_q,  # int8 [rows]
+            excluded=excluded,  # int64 [rows]
+        ),
         RECOVERY=True,
         **shape,
     )
@@ -233,17 +252,20 @@ def relaxed_rows(logits, draft, k, delta):
     accepted = torch.empty(requests, positions, dtype=torch.int8, device=logits.device)
     top1 = torch.empty(requests, positions, dtype=torch.int64, device=logits.device)
     shape = _without_search(launch_shape(rows, logits.shape[-1], logits.device))
+    vocab = logits.shape[-1]
+    logits = logits.contiguous()
     jit.relaxed_kernel[_grid(rows, shape)](
-        logits.contiguous(),
-        draft.to(torch.int64).contiguous(),
-        accepted,
-        top1,
-        rows,
-        logits.shape[-1],
-        positions,
-        logits.shape[1],
-        k,
-        delta,
+        Logits(data=logits, words=logits, V=vocab, W=0),  # float [requests, logit positions, V], no grammar mask
+        RelaxedRows(
+            drafts=draft.to(torch.int64).contiguous(),  # int64 [requests, positions]
+            accepted=accepted,  # int8 [requests, positions]
+            top1=top1,  # int64 [requests, positions]
+            rows=rows,
+            positions=positions,
+            logit_positions=logits.shape[1],
+            k=k,
+            delta=delta,
+        ),
         **shape,
     )
     return accepted.bool(), top1

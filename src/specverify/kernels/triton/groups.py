@@ -87,6 +87,43 @@ class Shape(NamedTuple):
     CANDIDATES: Any  # candidate slots per row
 
 
+# --- built by the launchers: the per-op kernels' arguments (with Logits above) --------------------------------
+
+
+class Draws(NamedTuple):
+    """draw_kernel's draws: row r is (request r // positions, position r % positions)."""
+
+    weights: Any  # float32 [.., V]: row r draws from weight row (r // positions) * weight_rows + r % positions
+    uniforms: Any  # float64 [rows]
+    tokens: Any  # int64 [rows]: the draws
+    V: Any  # int: columns per row
+    rows: Any  # int
+    positions: Any  # int: rows per request
+    weight_rows: Any  # int: weight rows per request
+
+
+class RecoveryRows(NamedTuple):
+    """What a recovery draw (draw_kernel's RECOVERY; any pointers else) reads per row."""
+
+    probs: Any  # float [rows, V]: the draft's probabilities q
+    scale: Any  # float32 [rows]: 1 / the kept mass
+    use_q: Any  # int8 [rows]: draw from max(0, p~ - q), else from p~ without `excluded`
+    excluded: Any  # int64 [rows]: the column left out (-1: none)
+
+
+class RelaxedRows(NamedTuple):
+    """relaxed_kernel's rows: row r is (request r // positions, position r % positions)."""
+
+    drafts: Any  # int64 [rows]: the drafted tokens
+    accepted: Any  # int8 [rows]: written, the rule's verdicts
+    top1: Any  # int64 [rows]: written, each row's argmax
+    rows: Any  # int
+    positions: Any  # int: drafted positions per request
+    logit_positions: Any  # int: logit rows per request (row r reads (r // positions) * logit_positions + r % positions)
+    k: Any  # int: the rule's top-k
+    delta: Any  # float: its probability margin
+
+
 def constexprs(group: type, **fields) -> tuple:
     """A constexpr group (Flags, Shape) of these field values, each a tl.constexpr."""
     return group(**{name: tl.constexpr(value) for name, value in fields.items()})

@@ -405,10 +405,11 @@ def scan_kernel(x_ptr, use_ptr, out_ptr, rows, V, ROWS: tl.constexpr, TILE: tl.c
 
 
 @triton.jit
-def _drawn_terms(w_ptr, weight_row, cols, valid, V, recovery, RECOVERY: tl.constexpr):
-    """A tile of what draw_kernel draws from: the given weights, or (RECOVERY) the recovery's terms."""
+def _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY: tl.constexpr):
+    """A tile of what draw_kernel draws from (Draws): the given weights, or (RECOVERY) the recovery's terms."""
+    V = draws.V
     inside = valid[:, None] & (cols[None, :] < V)
-    terms = tl.load(w_ptr + weight_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
+    terms = tl.load(draws.weights + weight_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
     if RECOVERY:
         q = tl.load(recovery.probs + recovery.q_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
         terms = residual_terms(terms, q.to(tl.float32), cols[None, :], recovery)
@@ -417,17 +418,8 @@ def _drawn_terms(w_ptr, weight_row, cols, valid, V, recovery, RECOVERY: tl.const
 
 @triton.jit
 def draw_kernel(
-    w_ptr,  # float32 [.., V]: the weights
-    u_ptr,  # float64 [rows]: the uniforms
-    out_ptr,  # int64 [rows]: the draws
-    q_ptr,  # float [rows, V]: the draft's probabilities (RECOVERY)
-    scale_ptr,  # float32 [rows]: 1 / the kept mass (RECOVERY)
-    use_q_ptr,  # int8 [rows]: draw from the residual (RECOVERY)
-    excluded_ptr,  # int64 [rows]: the column left out, -1: none (RECOVERY)
-    weight_rows,  # int: weight rows per request
-    rows,  # int
-    V,  # int
-    positions,  # int: rows per request
+    draws,  # Draws: weights float32 [.., V], uniforms float64 [rows], tokens int64 [rows], V, rows, positions, weight_rows
+    recovering,  # RecoveryRows: probs float [rows, V], scale float32 [rows], use_q int8 [rows], excluded int64 [rows]
     RECOVERY: tl.constexpr,
     ROWS: tl.constexpr,
     TILE: tl.constexpr,
@@ -436,61 +428,55 @@ def draw_kernel(
     draw of sampled mode (kernels.recover_rows): row r = (request, position) reads weight row
     (r // positions) * weight_rows + r % positions, draft probabilities q [rows, V], and per row the
     scale (float32, 1 / kept mass), use_q (int8) and excluded column (int64, -1: none)."""
-    row, valid = program_rows(rows, ROWS)
-    weight_row = (row // positions) * weight_rows + row % positions
-    recovery = Recovery(q_ptr, row, valid, tl.zeros([ROWS], tl.float32), row < 0, tl.full([ROWS], -1, tl.int64))
+    V = draws.V
+    row, valid = program_rows(draws.rows, ROWS)
+    weight_row = (row // draws.positions) * draws.weight_rows + row % draws.positions
+    probs = recovering.probs
+    recovery = Recovery(probs, row, valid, tl.zeros([ROWS], tl.float32), row < 0, tl.full([ROWS], -1, tl.int64))
     if RECOVERY:
-        scale = tl.load(scale_ptr + row, mask=valid, other=0.0)
-        use_q = tl.load(use_q_ptr + row, mask=valid, other=0) != 0
-        recovery = Recovery(q_ptr, row, valid, scale, use_q, tl.load(excluded_ptr + row, mask=valid, other=-1))
+        scale = tl.load(recovering.scale + row, mask=valid, other=0.0)
+        use_q = tl.load(recovering.use_q + row, mask=valid, other=0) != 0
+        excluded = tl.load(recovering.excluded + row, mask=valid, other=-1)
+        recovery = Recovery(probs, row, valid, scale, use_q, excluded)
         # a residual without mass (p~ == q) falls back to p~
         residual = tl.zeros([ROWS], tl.float64)
         for start in range(0, V, TILE):
             cols = start + tl.arange(0, TILE).to(tl.int64)
-            terms = _drawn_terms(w_ptr, weight_row, cols, valid, V, recovery, RECOVERY)
+            terms = _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY)
             residual += tl.sum(tl.where(use_q[:, None], terms, 0.0).to(tl.float64), axis=1)
-        recovery = Recovery(q_ptr, row, valid, scale, use_q & (residual > 0), recovery.excluded)
+        recovery = Recovery(probs, row, valid, scale, use_q & (residual > 0), excluded)
     total = tl.zeros([ROWS], tl.float64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        total += tl.sum(_drawn_terms(w_ptr, weight_row, cols, valid, V, recovery, RECOVERY).to(tl.float64), axis=1)
-    target = tl.load(u_ptr + row, mask=valid, other=0.0) * total
+        total += tl.sum(_drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY).to(tl.float64), axis=1)
+    target = tl.load(draws.uniforms + row, mask=valid, other=0.0) * total
     before = tl.zeros([ROWS], tl.float64)
     token = tl.zeros([ROWS], tl.int64)
     found = row < 0
     last = tl.full([ROWS], -1, tl.int64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        terms = _drawn_terms(w_ptr, weight_row, cols, valid, V, recovery, RECOVERY)
+        terms = _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY)
         before, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
-    tl.store(out_ptr + row, tl.where(found, token, tl.maximum(last, 0)), mask=valid)
+    tl.store(draws.tokens + row, tl.where(found, token, tl.maximum(last, 0)), mask=valid)
 
 
 @triton.jit
 def relaxed_kernel(
-    x_ptr,  # float [requests, logit_positions, V]: the logits
-    d_ptr,  # int64 [rows]: the drafts
-    accepted_ptr,  # int8 [rows]
-    top1_ptr,  # int64 [rows]
-    rows,  # int: requests * positions
-    V,  # int
-    positions,  # int: drafted positions per request
-    logit_positions,  # int: logit rows per request
-    k,  # int: the rule's top-k
-    delta,  # float: its probability margin
+    logits,  # Logits: data float [requests * logit_positions, V], no grammar mask (words: the logits)
+    rule,  # RelaxedRows: drafts int64 [rows], accepted int8 [rows], top1 int64 [rows], rows, positions, ...
     ROWS: tl.constexpr,
     TILE: tl.constexpr,
 ):
     """The relaxed rule at each drafted position (kernels.relaxed_rows): row r = (request, position) reads
     logit row (r // positions) * logit_positions + r % positions."""
-    row, valid = program_rows(rows, ROWS)
-    logit_row = (row // positions) * logit_positions + row % positions
-    logits = Logits(x_ptr, x_ptr, V, 0)  # no grammar mask
+    row, valid = program_rows(rule.rows, ROWS)
+    logit_row = (row // rule.positions) * rule.logit_positions + row % rule.positions
     top, best = row_max_argmax(logits, logit_row, valid, TILE)
-    draft = tl.load(d_ptr + row, mask=valid, other=-1)
-    accepted = relaxed_judge(logits, logit_row, draft, top, valid, k, delta, TILE)
-    tl.store(accepted_ptr + row, accepted.to(tl.int8), mask=valid)
-    tl.store(top1_ptr + row, best, mask=valid)
+    draft = tl.load(rule.drafts + row, mask=valid, other=-1)
+    accepted = relaxed_judge(logits, logit_row, draft, top, valid, rule.k, rule.delta, TILE)
+    tl.store(rule.accepted + row, accepted.to(tl.int8), mask=valid)
+    tl.store(rule.top1 + row, best, mask=valid)
 
 
 @triton.jit

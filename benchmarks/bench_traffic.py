@@ -51,7 +51,7 @@ def measure(case: Case, batch: int, positions: int, vocab: int, dtype: torch.dty
     logits_bytes = logits.numel() * logits.element_size()
     return {
         "passes": traffic.passes(logits),
-        "logits_passes": traffic.passes(logits, argument="x_ptr"),
+        "logits_passes": traffic.passes(logits, argument="logits.data"),
         "stored_x_logits": traffic.stored() / logits_bytes,
         "gpu_launches": traffic.gpu_launches(),
         "kernels": traffic.per_kernel(),

@@ -66,6 +66,7 @@ def test_passes_over_the_logits_stay_under_their_bound(bench_traffic, case, dtyp
     measured = bench_traffic.measure(bench_traffic.CASES[case], dtype=bench_traffic.DTYPES[dtype], **SIZE)
     bound = BOUNDS[case][dtype == "bfloat16"]
     assert measured["passes"] <= bound, (case, dtype, measured["passes"], measured["kernels"])
+    assert measured["logits_passes"] >= 1.0, measured["kernels"]  # the logits' reads, charged to logits.data
     assert measured["gpu_launches"] == ["full", "triton:verify_kernel"], measured["gpu_launches"]
 
 

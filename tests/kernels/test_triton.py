@@ -78,6 +78,32 @@ def test_every_kernel_variant_compiles_for_sm90(tmp_path):
     assert "kernel variants compiled" in output
 
 
+def _jit_functions() -> dict:
+    """The @triton.jit functions of kernels/triton/jit.py by name, as ast.FunctionDef."""
+    import ast
+
+    tree = ast.parse(Path(jit.__file__).read_text())
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_kernels_are_stages_of_one_job_called_with_few_arguments():
+    """Issue 35's kernels in stages: no @triton.jit function over 120 lines, verify_kernel's arguments in
+    groups (kernels/triton/groups.py), and no stage called with more than 8 arguments."""
+    import ast
+
+    functions = _jit_functions()
+    lengths = {name: node.end_lineno - node.lineno + 1 for name, node in functions.items()}
+    assert max(lengths.values()) <= 120, sorted(lengths.items(), key=lambda item: -item[1])[:3]
+    assert len(functions["verify_kernel"].args.args) <= 10
+    calls = [
+        (len(call.args) + len(call.keywords), call.func.id, name)
+        for name, node in functions.items()
+        for call in ast.walk(node)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in functions
+    ]
+    assert max(calls)[0] <= 8, max(calls)
+
+
 @triton.jit
 def _uniforms(key_ptr, out_ptr, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
     at = tl.arange(0, BLOCK)

@@ -24,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from specverify.kernels.triton import jit, launch_shape, verify_shape
+from specverify.kernels.triton import groups, jit, launch_shape, verify_shape
 
 FLOATS = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 CUDA = torch.device("cuda")
@@ -38,7 +38,8 @@ def _shape(rows: int, vocab: int, block: int | None = None, search: bool = True)
     return shape
 
 
-#: The flags of verify_kernel, in verify_flags' order: HAS_MASK, HAS_MIN_P, SHARED_SEED, HAS_RELAXED, SAMPLED
+#: The flags of verify_kernel's variants, in verify_flags' order: a grammar mask (int32 Logits.words), HAS_MIN_P,
+#: SHARED_SEED, HAS_RELAXED, SAMPLED
 #: (relaxed rows and sampled drafts never meet in one call).
 VERIFY_FLAGS = [flags for flags in itertools.product((False, True), repeat=5) if not (flags[3] and flags[4])]
 
@@ -102,16 +103,17 @@ def variants():
         signature = {"x_ptr": FLOATS[dtype], "use_ptr": "*i8", "out_ptr": "*u8", "rows": "i32", "V": "i32"}
         yield f"scan {dtype} {label}", jit.scan_kernel, signature, {k: v for k, v in shape.items() if k != "SEARCH"}
         signature = {
-            "x_ptr": FLOATS[dtype],
-            "d_ptr": "*i64",
-            "accepted_ptr": "*i8",
-            "top1_ptr": "*i64",
-            "rows": "i32",
-            "V": "i32",
-            "positions": "i32",
-            "logit_positions": "i32",
-            "k": "i32",
-            "delta": "fp32",
+            "logits": groups.Logits(data=FLOATS[dtype], words=FLOATS[dtype], V="i32", W="i32"),
+            "rule": groups.RelaxedRows(
+                drafts="*i64",
+                accepted="*i8",
+                top1="*i64",
+                rows="i32",
+                positions="i32",
+                logit_positions="i32",
+                k="i32",
+                delta="fp32",
+            ),
         }
         yield (
             f"relaxed {dtype} {label}",
@@ -121,17 +123,21 @@ def variants():
         )
         for recovery in (False, True):
             signature = {
-                "w_ptr": "*fp32",
-                "u_ptr": "*fp64",
-                "out_ptr": "*i64",
-                "q_ptr": FLOATS[dtype] if recovery else "*fp64",
-                "scale_ptr": "*fp32" if recovery else "*fp64",
-                "use_q_ptr": "*i8" if recovery else "*i64",
-                "excluded_ptr": "*i64",
-                "weight_rows": "i32",
-                "rows": "i32",
-                "V": "i32",
-                "positions": "i32",
+                "draws": groups.Draws(
+                    weights="*fp32",
+                    uniforms="*fp64",
+                    tokens="*i64",
+                    V="i32",
+                    rows="i32",
+                    positions="i32",
+                    weight_rows="i32",
+                ),
+                "recovering": groups.RecoveryRows(
+                    probs=FLOATS[dtype] if recovery else "*fp32",
+                    scale="*fp32" if recovery else "*fp64",
+                    use_q="*i8" if recovery else "*i64",
+                    excluded="*i64",
+                ),
             }
             yield (
                 f"draw {dtype} {label} recovery={recovery}",
@@ -141,46 +147,35 @@ def variants():
             )
         for mask, min_p, shared, relaxed, sampled in verify_flags(dtype):
             signature = {
-                "x_ptr": FLOATS[dtype],
-                "m_ptr": "*i32" if mask else FLOATS[dtype],
-                "t_ptr": "*fp32",
-                "k_ptr": "*i64",
-                "p_ptr": "*fp32",
-                "mp_ptr": "*fp32",
-                "seed_ptr": "*i64",
+                "logits": groups.Logits(data=FLOATS[dtype], words="*i32" if mask else FLOATS[dtype], V="i32", W="i32"),
+                "requests": groups.Requests(
+                    temperature="*fp32",
+                    top_k="*i64",
+                    top_p="*fp32",
+                    min_p="*fp32",
+                    seeds="*i64",
+                    thinking="*i8" if relaxed else "*i64",
+                ),
+                "drafts": groups.Drafts(tokens="*i64", probs="*fp32" if sampled else FLOATS[dtype], B="i32", K="i32"),
+                "outputs": groups.Outputs(first="*i64", recovered="*i64", bonus="*i64", candidates="*i64"),
+                "settings": groups.Settings(greedy_below="fp32", rtol="fp32", relaxed_k="i32", relaxed_delta="fp32"),
                 "seed_low": "i32",
                 "seed_high": "i32",
-                "d_ptr": "*i64",
-                "think_ptr": "*i8" if relaxed else "*i64",
-                "q_ptr": "*fp32" if sampled else FLOATS[dtype],
-                "c_ptr": "*i64",
-                "first_ptr": "*i64",
-                "recovered_ptr": "*i64",
-                "bonus_ptr": "*i64",
-                "batch": "i32",
-                "K": "i32",
-                "V": "i32",
-                "W": "i32",
-                "greedy_below": "fp32",
-                "rtol": "fp32",
-                "relaxed_k": "i32",
-                "relaxed_delta": "fp32",
             }
-            constexprs = dict(
-                HAS_MASK=mask,
+            flags = groups.constexprs(
+                groups.Flags,
                 HAS_MIN_P=min_p,
                 SHARED_SEED=shared,
                 SEED_GIVEN=shared and not mask,
                 HAS_RELAXED=relaxed,
                 SAMPLED=sampled,
-                **shape,
-                **whole[label],
             )
+            tiling = groups.constexprs(groups.Shape, **shape, **whole[label])
             yield (
                 f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}",
                 jit.verify_kernel,
                 signature,
-                constexprs,
+                {"FLAGS": flags, "SHAPE": tiling},
             )
 
 

@@ -19,6 +19,19 @@ from ..backend import Backend
 from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall, TreeCall
 from ..stages import tree
 from . import jit
+from .groups import (
+    Drafts,
+    Draws,
+    Flags,
+    Logits,
+    Outputs,
+    RecoveryRows,
+    RelaxedRows,
+    Requests,
+    Settings,
+    Shape,
+    constexprs,
+)
 
 #: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).
 GPU_TILE_ELEMENTS = 1024
@@ -85,6 +98,28 @@ def _int32_halves(value: int) -> tuple[int, int]:
     bits = value & MASK64
     low, high = bits & 0xFFFFFFFF, bits >> 32
     return tuple(half - (1 << 32) if half >= 1 << 31 else half for half in (low, high))
+
+
+def verify_groups(
+    logits: Logits,
+    requests: Requests,
+    drafts: Drafts,
+    outputs: Outputs,
+    settings: Settings,
+    seed: int,
+    flags: Flags,
+    shape: dict,
+) -> tuple:
+    """verify_kernel's arguments in its order: the groups, an int seed's low and high 32 bits (a shared seed
+    given as an int: two arguments, never specialised on their values) and the constexpr groups (Flags, and
+    the Shape of verify_shape's dict)."""
+    tiling = constexprs(Shape, **{name: shape[name] for name in Shape._fields})
+    return (logits, requests, drafts, outputs, settings, *_int32_halves(seed), flags, tiling)
+
+
+def _launch_options(shape: dict) -> dict:
+    """The launch options in a launch shape (num_warps on a GPU), without its tile sizes."""
+    return {name: value for name, value in shape.items() if name == "num_warps"}
 
 
 def _grid(rows: int, shape: dict) -> tuple[int]:
@@ -168,7 +203,10 @@ def sample_rows(weights, sums, block, uniforms):
     shape = _without_search(launch_shape(rows, vocab, weights.device))
     uniforms = uniforms.to(torch.float64).contiguous()
     jit.draw_kernel[_grid(rows, shape)](
-        weights, uniforms, out, weights, uniforms, out, out, 1, rows, vocab, 1, RECOVERY=False, **shape
+        Draws(weights=weights, uniforms=uniforms, tokens=out, V=vocab, rows=rows, positions=1, weight_rows=1),
+        RecoveryRows(probs=weights, scale=uniforms, use_q=out, excluded=out),  # (not read)
+        RECOVERY=False,
+        **shape,
     )
     return out
 
@@ -186,17 +224,21 @@ def recover_rows(weights, weight_sums, mass, draft_probs, draft, mode, uniforms,
     use_q = (mode == FROM_RESIDUAL).to(torch.int8).contiguous()
     excluded = torch.where(mode == WITHOUT_DRAFT, draft.to(torch.int64), -1).contiguous()
     jit.draw_kernel[_grid(rows, shape)](
-        weights.contiguous(),
-        uniforms.to(torch.float64).contiguous(),
-        out,
-        draft_probs.contiguous(),
-        scale,
-        use_q,
-        excluded,
-        weights.shape[1],
-        rows,
-        vocab,
-        positions,
+        Draws(
+            weights=weights.contiguous(),  # float32 [requests, weight rows, V]
+            uniforms=uniforms.to(torch.float64).contiguous(),  # float64 [rows]
+            tokens=out,  # int64 [requests, positions]
+            V=vocab,
+            rows=rows,
+            positions=positions,
+            weight_rows=weights.shape[1],
+        ),
+        RecoveryRows(
+            probs=draft_probs.contiguous(),  # float [requests, positions, V]
+            scale=scale,  # float32 [rows]
+            use_q=use_q,  # int8 [rows]
+            excluded=excluded,  # int64 [rows]
+        ),
         RECOVERY=True,
         **shape,
     )
@@ -210,17 +252,20 @@ def relaxed_rows(logits, draft, k, delta):
     accepted = torch.empty(requests, positions, dtype=torch.int8, device=logits.device)
     top1 = torch.empty(requests, positions, dtype=torch.int64, device=logits.device)
     shape = _without_search(launch_shape(rows, logits.shape[-1], logits.device))
+    vocab = logits.shape[-1]
+    logits = logits.contiguous()
     jit.relaxed_kernel[_grid(rows, shape)](
-        logits.contiguous(),
-        draft.to(torch.int64).contiguous(),
-        accepted,
-        top1,
-        rows,
-        logits.shape[-1],
-        positions,
-        logits.shape[1],
-        k,
-        delta,
+        Logits(data=logits, words=logits, V=vocab, W=0),  # float [requests, logit positions, V], no grammar mask
+        RelaxedRows(
+            drafts=draft.to(torch.int64).contiguous(),  # int64 [requests, positions]
+            accepted=accepted,  # int8 [requests, positions]
+            top1=top1,  # int64 [requests, positions]
+            rows=rows,
+            positions=positions,
+            logit_positions=logits.shape[1],
+            k=k,
+            delta=delta,
+        ),
         **shape,
     )
     return accepted.bool(), top1
@@ -264,42 +309,49 @@ def verify_rows(
         return first, recovered, bonus
     shape = verify_shape(rows, vocab, device)
     candidates = torch.empty(rows, shape["CANDIDATES"], dtype=torch.int64, device=device)
-    logits = logits.contiguous()
-    words = bitmask.shape[-1] if bitmask is not None else 0
-    relaxed = thinking is not None and relaxed_topk is not None
     given = isinstance(seed, int)
-    jit.verify_kernel[_grid(rows, shape)](
-        logits,
-        logits if bitmask is None else bitmask.contiguous(),
-        temperature.contiguous(),
-        top_k.contiguous(),
-        top_p.contiguous(),
-        top_p if min_p is None else min_p.contiguous(),
-        first if given else seed.contiguous(),
-        *_int32_halves(seed if given else 0),
-        draft.contiguous(),
-        thinking.contiguous().view(torch.int8) if relaxed else first,
-        draft_probs.contiguous() if draft_probs is not None else logits,
-        candidates,
-        first,
-        recovered,
-        bonus,
-        batch,
-        positions,
-        vocab,
-        words,
-        greedy_below,
-        rtol,
-        relaxed_topk if relaxed else 1,
-        float(relaxed_delta) if relaxed else 0.0,
-        HAS_MASK=bitmask is not None,
-        HAS_MIN_P=min_p is not None,
-        SHARED_SEED=shared_seed,
-        SEED_GIVEN=given,
-        HAS_RELAXED=relaxed,
-        SAMPLED=draft_probs is not None,
-        **shape,
+    relaxed = thinking is not None and relaxed_topk is not None
+    logits = logits.contiguous()
+    groups = verify_groups(
+        Logits(
+            data=logits,  # float [B*(K+1), V]
+            words=logits if bitmask is None else bitmask.contiguous(),  # int32 [B*(K+1), W]; no mask: the logits
+            V=vocab,
+            W=bitmask.shape[-1] if bitmask is not None else 0,
+        ),
+        Requests(
+            temperature=temperature.contiguous(),  # float32 [B]
+            top_k=top_k.contiguous(),  # int64 [B]
+            top_p=top_p.contiguous(),  # float32 [B]
+            min_p=top_p if min_p is None else min_p.contiguous(),  # float32 [B]
+            seeds=first if given else seed.contiguous(),  # int64 [B] or []
+            thinking=thinking.contiguous().view(torch.int8) if relaxed else first,  # int8 [B]
+        ),
+        Drafts(
+            tokens=draft.contiguous(),  # int [B, K]
+            probs=draft_probs.contiguous() if draft_probs is not None else logits,  # float [B, K, V]
+            B=batch,
+            K=positions,
+        ),
+        Outputs(first=first, recovered=recovered, bonus=bonus, candidates=candidates),
+        Settings(
+            greedy_below=greedy_below,
+            rtol=rtol,
+            relaxed_k=relaxed_topk if relaxed else 1,
+            relaxed_delta=float(relaxed_delta) if relaxed else 0.0,
+        ),
+        seed if given else 0,
+        constexprs(
+            Flags,
+            HAS_MIN_P=min_p is not None,
+            SHARED_SEED=shared_seed,
+            SEED_GIVEN=given,
+            HAS_RELAXED=relaxed,
+            SAMPLED=draft_probs is not None,
+        ),
+        shape,
     )
+    jit.verify_kernel[_grid(rows, shape)](*groups, **_launch_options(shape))
     return first, recovered, bonus
 
 

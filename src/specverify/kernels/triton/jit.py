@@ -33,6 +33,20 @@ import triton
 import triton.language as tl
 
 from ... import contract
+from .groups import (
+    Compacted,
+    FirstPass,
+    KeptSet,
+    Logits,
+    Position,
+    Recovery,
+    Region,
+    Requests,
+    Roles,
+    Scratch,
+    Truncation,
+    Weights,
+)
 
 # rng.py's constants (bit-identical uniforms are tested against it)
 MIX_1 = tl.constexpr(0xBF58476D1CE4E5B9)
@@ -93,39 +107,49 @@ def keyed_uniform(key, stream):
 
 
 @triton.jit
-def load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK: tl.constexpr):
+def load_logits(logits, row, cols, valid):
     """Masked logits of a tile as float32 [R, C] (-inf where the grammar mask forbids or past V), and
-    where the tile holds real columns. row: int64 [R] row indices; cols: [C]; m_ptr: int32 [rows, W]."""
-    inside = valid[:, None] & (cols[None, :] < V)
-    x = tl.load(x_ptr + row[:, None] * V + cols[None, :], mask=inside, other=float("-inf")).to(tl.float32)
-    if HAS_MASK:
-        words = tl.load(m_ptr + row[:, None] * W + (cols[None, :] >> 5), mask=inside, other=0)
+    where the tile holds real columns. logits: Logits (masked where its words are int32); row: int64 [R]
+    row indices; cols: [C]; valid: bool [R]."""
+    inside = valid[:, None] & (cols[None, :] < logits.V)
+    x = tl.load(logits.data + row[:, None] * logits.V + cols[None, :], mask=inside, other=float("-inf"))
+    x = x.to(tl.float32)
+    if logits.words.dtype.element_ty == tl.int32:  # a grammar mask (else words is the logits: none)
+        words = tl.load(logits.words + row[:, None] * logits.W + (cols[None, :] >> 5), mask=inside, other=0)
         allowed = ((words >> (cols[None, :] & 31)) & 1) != 0
         x = tl.where(allowed, x, float("-inf"))
     return x, inside
 
 
 @triton.jit
-def load_logit_at(x_ptr, row, col, valid, V, m_ptr, W, HAS_MASK: tl.constexpr):
+def load_logit_at(logits, row, col, valid):
     """The masked logit of one column per row (col: int64 [R], in [0, V) where used) -> float32 [R]."""
-    at = valid & (col >= 0) & (col < V)
+    at = valid & (col >= 0) & (col < logits.V)
     safe = tl.where(at, col, 0)
-    x = tl.load(x_ptr + row * V + safe, mask=at, other=float("-inf")).to(tl.float32)
-    if HAS_MASK:
-        word = tl.load(m_ptr + row * W + (safe >> 5), mask=at, other=0)
+    x = tl.load(logits.data + row * logits.V + safe, mask=at, other=float("-inf")).to(tl.float32)
+    if logits.words.dtype.element_ty == tl.int32:  # a grammar mask (else words is the logits: none)
+        word = tl.load(logits.words + row * logits.W + (safe >> 5), mask=at, other=0)
         x = tl.where(((word >> (safe & 31).to(tl.int32)) & 1) != 0, x, float("-inf"))
     return x
 
 
 @triton.jit
-def row_max_argmax(x_ptr, row, valid, V, m_ptr, W, HAS_MASK: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr):
+def weights_at(weights, cols, valid):
+    """A tile of a row's weights (Weights), float32 [R, C] (NaN stays NaN, masked and past V 0), and where
+    the tile holds real columns -> (w, inside)."""
+    x, inside = load_logits(weights.logits, weights.row, cols, valid)
+    return weights_of(x, weights.top, weights.inverse), inside
+
+
+@triton.jit
+def row_max_argmax(logits, row, valid, TILE: tl.constexpr):
     """Each row's largest masked logit (NaN skipped; -inf when none) and its lowest index (0 when nothing
     beats -inf) -> (float32 [R], int64 [R])."""
-    best = tl.full([ROWS], float("-inf"), tl.float32)
-    index = tl.zeros([ROWS], tl.int64)
-    for start in range(0, V, TILE):
+    best = tl.full(row.shape, float("-inf"), tl.float32)
+    index = tl.zeros_like(row)
+    for start in range(0, logits.V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        x, inside = load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK)
+        x, inside = load_logits(logits, row, cols, valid)
         best, index = max_argmax_update(x, inside, cols, best, index)
     return best, index
 
@@ -153,41 +177,66 @@ def order_bits(w, inside):
 
 
 @triton.jit
-def search_threshold(
-    x_ptr,
-    row,
-    valid,
-    V,
-    m_ptr,
-    W,
-    top,
-    inverse,
-    floor,
-    target,
-    active,
-    WEIGHTED: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr,
-    SEARCH: tl.constexpr,
-):
-    """The largest bit pattern t such that the tail {w >= t, w >= floor} reaches the target: its count
-    (WEIGHTED False) or its mass (True), in float64. floor: int64 bits [R]; target: float64 [R]; rows not
-    active are not searched. Returns int64 bits [R]; 0 where even the whole row falls short (keep all).
-    A count search stops early for rows whose chosen tail already holds exactly the target count: no value
-    lies between that candidate and the exact threshold, so both keep the same set."""
-    prefix = tl.zeros([ROWS], tl.int64)
+def kept_of(w, inside, threshold):
+    """Weights [R, C] whose bits reach the threshold (int64, [R] or a number), 0 for the others (NaN too)."""
+    return tl.where(order_bits(w, inside) >= threshold, w, 0.0)
+
+
+@triton.jit
+def any_row(rows):
+    """Whether any of the program's rows (bool [R]) is set: a scalar a loop or pass can be skipped on."""
+    return tl.max(rows.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def temper(temperature_ptr, index, valid, greedy_below):
+    """A row's temperature (float32 [?] at `index`, int64 [R]) as (greedy bool [R], inverse float32 [R]):
+    greedy below greedy_below, inverse 1 / temperature (1 for greedy rows)."""
+    temperature = tl.load(temperature_ptr + index, mask=valid, other=1.0).to(tl.float32)
+    greedy = temperature < greedy_below
+    one = tl.full(index.shape, 1.0, tl.float32)
+    return greedy, tl.where(greedy, 1.0, tl.div_rn(one, tl.where(greedy, 1.0, temperature)))
+
+
+@triton.jit
+def load_truncation(requests, index, valid, rtol, HAS_MIN_P: tl.constexpr):
+    """The truncation parameters (Truncation) of rows whose request is `index` (int64 [R]) in Requests."""
+    top_k = tl.load(requests.top_k + index, mask=valid, other=0).to(tl.int64)
+    top_p = tl.load(requests.top_p + index, mask=valid, other=1.0).to(tl.float32)
+    floor = tl.zeros_like(index)
+    if HAS_MIN_P:
+        min_p = tl.load(requests.min_p + index, mask=valid, other=0.0).to(tl.float32)
+        floor = (min_p * (1.0 - rtol)).to(tl.int32, bitcast=True).to(tl.int64)
+    return Truncation(top_k, top_p, floor, rtol)
+
+
+@triton.jit
+def truncated_rows(truncation, active, V):
+    """Which `active` rows take a top-k below V and which a top-p below 1 -> (limited, nucleus), bool [R]."""
+    limited = active & (truncation.top_k > 0) & (truncation.top_k < V)
+    return limited, active & (truncation.top_p < 1.0)
+
+
+@triton.jit
+def search_threshold(weights, valid, floor, target, active, WEIGHTED: tl.constexpr, SEARCH: tl.constexpr):
+    """The largest bit pattern t such that the tail {w >= t, w >= floor} of a row's weights (Weights)
+    reaches the target: its count (WEIGHTED False) or its mass (True), in float64. floor: int64 bits [R];
+    target: float64 [R]; rows not active are not searched. Returns int64 bits [R]; 0 where even the whole
+    row falls short (keep all). A count search stops early for rows whose chosen tail already holds exactly
+    the target count: no value lies between that candidate and the exact threshold, so both keep the same set."""
+    ROWS: tl.constexpr = weights.row.shape[0]
+    prefix = tl.zeros_like(weights.row)
     done = ~active
     digits = tl.arange(0, RADIX).to(tl.int64)
     for level in range(8):
         searching = valid & ~done
-        if tl.max(searching.to(tl.int32), axis=0) > 0:
+        if any_row(searching):
             shift = 28 - 4 * level
             candidates = prefix[:, None] + (digits[None, :] << shift)  # [R, RADIX]
             tail = tl.zeros([ROWS, RADIX], tl.float64)
-            for start in range(0, V, SEARCH):
+            for start in range(0, weights.logits.V, SEARCH):
                 cols = start + tl.arange(0, SEARCH).to(tl.int64)
-                x, inside = load_logits(x_ptr, row, cols, searching, V, m_ptr, W, HAS_MASK)
-                w = weights_of(x, top, inverse)
+                w, inside = weights_at(weights, cols, searching)
                 keys = order_bits(w, inside)
                 keys = tl.where(keys >= floor[:, None], keys, -1)
                 if WEIGHTED:
@@ -205,72 +254,30 @@ def search_threshold(
 
 
 @triton.jit
-def kept_threshold(
-    x_ptr,
-    row,
-    valid,
-    V,
-    m_ptr,
-    W,
-    top,
-    inverse,
-    top_k,
-    top_p,
-    min_p,
-    rtol,
-    active,
-    HAS_MASK: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
-    ROWS: tl.constexpr,
-    SEARCH: tl.constexpr,
-):
-    """The kept set's threshold as int64 bits [R] (SPEC §2 steps 3-5): the k-th largest weight, the
-    nucleus on the top-k-renormalised row (its target top_p * mass * (1 - rtol)), min_p * (1 - rtol)."""
-    limited = active & (top_k > 0) & (top_k < V)
-    kth = search_threshold(
-        x_ptr,
-        row,
-        valid,
-        V,
-        m_ptr,
-        W,
-        top,
-        inverse,
-        tl.zeros([ROWS], tl.int64),
-        top_k.to(tl.float64),
-        limited,
-        False,
-        HAS_MASK,
-        ROWS,
-        SEARCH,
-    )
-    nucleus = active & (top_p < 1.0)
-    mass = tl.zeros([ROWS], tl.float64)
-    if tl.max(nucleus.to(tl.int32), axis=0) > 0:
+def kept_threshold(weights, valid, truncation, active, SEARCH: tl.constexpr):
+    """The kept set's threshold as int64 bits [R] (SPEC §2 steps 3-5) of `active` rows: the k-th largest
+    weight, the nucleus on the top-k-renormalised row (its target top_p * mass * (1 - rtol)), min-p's floor."""
+    V = weights.logits.V
+    limited, nucleus = truncated_rows(truncation, active, V)
+    top_k = truncation.top_k
+    kth = search_threshold(weights, valid, tl.zeros_like(top_k), top_k.to(tl.float64), limited, False, SEARCH)
+    mass = tl.zeros(top_k.shape, tl.float64)
+    if any_row(nucleus):
         for start in range(0, V, SEARCH):
             cols = start + tl.arange(0, SEARCH).to(tl.int64)
-            x, inside = load_logits(x_ptr, row, cols, valid & nucleus, V, m_ptr, W, HAS_MASK)
-            w = weights_of(x, top, inverse)
+            w, inside = weights_at(weights, cols, valid & nucleus)
             mass += tl.sum(tl.where(order_bits(w, inside) >= kth[:, None], w, 0.0).to(tl.float64), axis=1)
-    target = top_p.to(tl.float64) * mass * (1.0 - rtol)
-    threshold = tl.maximum(
-        kth,
-        search_threshold(
-            x_ptr, row, valid, V, m_ptr, W, top, inverse, kth, target, nucleus, True, HAS_MASK, ROWS, SEARCH
-        ),
-    )
-    if HAS_MIN_P:
-        ratio = min_p * (1.0 - rtol)
-        threshold = tl.maximum(threshold, ratio.to(tl.int32, bitcast=True).to(tl.int64))
-    return threshold
+    target = truncation.top_p.to(tl.float64) * mass * (1.0 - truncation.rtol)
+    threshold = tl.maximum(kth, search_threshold(weights, valid, kth, target, nucleus, True, SEARCH))
+    return tl.maximum(threshold, truncation.floor)  # (a floor of 0 without min-p: thresholds are >= 0)
 
 
 @triton.jit
-def kept_weights(x_ptr, row, cols, valid, V, m_ptr, W, top, inverse, threshold, greedy, best, HAS_MASK: tl.constexpr):
+def kept_weights(weights, cols, valid, threshold, greedy, best):
     """The kept weights of a tile, float32 [R, C]: w where its bits reach the threshold, else 0; greedy rows
     one-hot at their argmax `best`."""
-    x, inside = load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK)
-    kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
+    w, inside = weights_at(weights, cols, valid)
+    kept = kept_of(w, inside, threshold[:, None])
     return tl.where(greedy[:, None], tl.where(cols[None, :] == best[:, None], 1.0, 0.0), kept)
 
 
@@ -290,42 +297,26 @@ def walk_tile(terms, columns, target, before, token, found, last):
 
 
 @triton.jit
-def residual_terms(kept, q, scale, columns, use_q, excluded):
-    """What a recovery draws from (SPEC §3.2): max(0, kept * scale - q) where use_q, else kept without the
-    excluded column. kept, q: float32 [R, C]; columns: int64 [R, C] or [1, C]; scale: float32 [R] (1 / the
-    kept mass)."""
-    residual = tl.maximum(kept * scale[:, None] - q, 0.0)
-    without = tl.where(columns == excluded[:, None], 0.0, kept)
-    return tl.where(use_q[:, None], residual, without)
+def residual_terms(kept, q, columns, recovery):
+    """What a recovery draws from (SPEC §3.2; Recovery): max(0, kept * scale - q) where use_q, else kept
+    without the excluded column. kept, q: float32 [R, C]; columns: int64 [R, C] or [1, C]."""
+    residual = tl.maximum(kept * recovery.scale[:, None] - q, 0.0)
+    without = tl.where(columns == recovery.excluded[:, None], 0.0, kept)
+    return tl.where(recovery.use_q[:, None], residual, without)
 
 
 @triton.jit
-def relaxed_judge(
-    x_ptr,
-    row,
-    valid,
-    V,
-    m_ptr,
-    W,
-    draft,
-    top,
-    k,
-    delta,
-    active,
-    HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE: tl.constexpr,
-):
-    """SPEC §3.4 on softmax(masked logits): the draft is among the k most likely (ranked by logit, ties to
-    the lower id), has p > 0 and p >= p(top-1) - delta. top: the largest logit [R] -> bool [R]."""
-    at_draft = load_logit_at(x_ptr, row, draft, valid & active, V, m_ptr, W, HAS_MASK)
+def relaxed_judge(logits, row, draft, top, active, k, delta, TILE: tl.constexpr):
+    """SPEC §3.4 on softmax(masked logits) of `active` rows: the draft is among the k most likely (ranked by
+    logit, ties to the lower id), has p > 0 and p >= p(top-1) - delta. top: the largest logit [R] -> bool [R]."""
+    at_draft = load_logit_at(logits, row, draft, active)
     top = tl.where(active & (top > float("-inf")), top, 0.0)
-    rank = tl.zeros([ROWS], tl.int64)
-    total = tl.zeros([ROWS], tl.float64)
-    if tl.max(active.to(tl.int32), axis=0) > 0:
-        for start in range(0, V, TILE):
+    rank = tl.zeros_like(row)
+    total = tl.zeros(row.shape, tl.float64)
+    if any_row(active):
+        for start in range(0, logits.V, TILE):
             cols = start + tl.arange(0, TILE).to(tl.int64)
-            x, inside = load_logits(x_ptr, row, cols, valid & active, V, m_ptr, W, HAS_MASK)
+            x, inside = load_logits(logits, row, cols, active)
             ahead = (x > at_draft[:, None]) | ((x == at_draft[:, None]) & (cols[None, :] < draft[:, None]))
             rank += tl.sum(tl.where(ahead & inside, 1, 0), axis=1).to(tl.int64)
             total += tl.sum(tl.where(inside, tl.exp(x - top[:, None]), 0.0).to(tl.float64), axis=1)
@@ -336,43 +327,26 @@ def relaxed_judge(
 
 
 @triton.jit
-def _row_setup(
-    x_ptr,
-    row,
-    valid,
-    V,
-    m_ptr,
-    W,
-    t_ptr,
-    param_row,
-    greedy_below,
-    HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE: tl.constexpr,
-):
-    """Pass 1 of a row: its argmax and the constants of its weights -> (best, top, inverse, greedy)."""
-    largest, best = row_max_argmax(x_ptr, row, valid, V, m_ptr, W, HAS_MASK, ROWS, TILE)
-    top = tl.where((largest == largest) & (tl.abs(largest) < float("inf")), largest, 0.0)
-    temperature = tl.load(t_ptr + param_row, mask=valid, other=1.0).to(tl.float32)
-    greedy = temperature < greedy_below
-    inverse = tl.where(greedy, 1.0, tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.where(greedy, 1.0, temperature)))
-    return largest, best, top, inverse, greedy
+def program_rows(count, ROWS: tl.constexpr):
+    """The rows of this program, int64 [ROWS], and which of them are among `count` -> (row, valid)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    return row, row < count
 
 
 @triton.jit
 def weigh_kernel(
-    x_ptr,
-    t_ptr,
-    k_ptr,
-    p_ptr,
-    mp_ptr,
-    out_ptr,
-    sums_ptr,
-    rows,
-    V,
-    blocks,
-    greedy_below,
-    rtol,
+    x_ptr,  # float [rows, V]: the logits (no grammar mask)
+    t_ptr,  # float32 [rows]: temperatures
+    k_ptr,  # int64 [rows]: top-k
+    p_ptr,  # float32 [rows]: top-p
+    mp_ptr,  # float32 [rows]: min-p (read where HAS_MIN_P)
+    out_ptr,  # float32 [rows, V]: the truncated weights
+    sums_ptr,  # float64 [rows, blocks]: their block sums
+    rows,  # int
+    V,  # int
+    blocks,  # int: ceil(V / BLOCK)
+    greedy_below,  # float
+    rtol,  # float
     HAS_MIN_P: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -382,38 +356,18 @@ def weigh_kernel(
 ):
     """Truncated weights [rows, V] float32 and their block sums [rows, blocks] float64 (kernels.weigh_rows).
     ONE_BLOCK: V <= BLOCK, one sum per row; else TILE is a multiple of BLOCK."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    valid = row < rows
-    largest, best, top, inverse, greedy = _row_setup(
-        x_ptr, row, valid, V, x_ptr, 0, t_ptr, row, greedy_below, False, ROWS, TILE
-    )
-    top_k = tl.load(k_ptr + row, mask=valid, other=0).to(tl.int64)
-    top_p = tl.load(p_ptr + row, mask=valid, other=1.0).to(tl.float32)
-    min_p = tl.zeros([ROWS], tl.float32)
-    if HAS_MIN_P:
-        min_p = tl.load(mp_ptr + row, mask=valid, other=0.0).to(tl.float32)
-    threshold = kept_threshold(
-        x_ptr,
-        row,
-        valid,
-        V,
-        x_ptr,
-        0,
-        top,
-        inverse,
-        top_k,
-        top_p,
-        min_p,
-        rtol,
-        valid & ~greedy,
-        False,
-        HAS_MIN_P,
-        ROWS,
-        SEARCH,
-    )
+    row, valid = program_rows(rows, ROWS)
+    logits = Logits(x_ptr, x_ptr, V, 0)  # no grammar mask
+    requests = Requests(t_ptr, k_ptr, p_ptr, mp_ptr, k_ptr, k_ptr)
+    largest, best = row_max_argmax(logits, row, valid, TILE)
+    top = tl.where((largest == largest) & (tl.abs(largest) < float("inf")), largest, 0.0)
+    greedy, inverse = temper(t_ptr, row, valid, greedy_below)
+    weights = Weights(logits, row, top, inverse)
+    truncation = load_truncation(requests, row, valid, rtol, HAS_MIN_P)
+    threshold = kept_threshold(weights, valid, truncation, valid & ~greedy, SEARCH)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        kept = kept_weights(x_ptr, row, cols, valid, V, x_ptr, 0, top, inverse, threshold, greedy, best, False)
+        kept = kept_weights(weights, cols, valid, threshold, greedy, best)
         inside = valid[:, None] & (cols[None, :] < V)
         tl.store(out_ptr + row[:, None] * V + cols[None, :], kept, mask=inside)
         if ONE_BLOCK:
@@ -421,28 +375,23 @@ def weigh_kernel(
         else:
             per_block = tl.sum(tl.reshape(kept.to(tl.float64), [ROWS, TILE // BLOCK, BLOCK]), axis=2)
             block = start // BLOCK + tl.arange(0, TILE // BLOCK).to(tl.int64)
-            tl.store(
-                sums_ptr + row[:, None] * blocks + block[None, :],
-                per_block,
-                mask=valid[:, None] & (block[None, :] < blocks),
-            )
+            at = sums_ptr + row[:, None] * blocks + block[None, :]
+            tl.store(at, per_block, mask=valid[:, None] & (block[None, :] < blocks))
 
 
 @triton.jit
 def argmax_kernel(x_ptr, out_ptr, rows, V, ROWS: tl.constexpr, TILE: tl.constexpr):
-    """First argmax per row, NaN never winning (kernels.argmax_rows)."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    valid = row < rows
-    _, best = row_max_argmax(x_ptr, row, valid, V, x_ptr, 0, False, ROWS, TILE)
+    """First argmax per row, NaN never winning (kernels.argmax_rows). x_ptr: float [rows, V]; out_ptr: int64 [rows]."""
+    row, valid = program_rows(rows, ROWS)
+    _, best = row_max_argmax(Logits(x_ptr, x_ptr, V, 0), row, valid, TILE)
     tl.store(out_ptr + row, best, mask=valid)
 
 
 @triton.jit
 def scan_kernel(x_ptr, use_ptr, out_ptr, rows, V, ROWS: tl.constexpr, TILE: tl.constexpr):
     """Per row in use (use_ptr: int8 [rows], != 0): 1 if it holds NaN or +inf, | 2 if it holds a value
-    other than -inf; 0 for a row not in use (kernels.scan_rows)."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    valid = row < rows
+    other than -inf; 0 for a row not in use (kernels.scan_rows). x_ptr: float [rows, V]; out_ptr: uint8 [rows]."""
+    row, valid = program_rows(rows, ROWS)
     scanned = valid & (tl.load(use_ptr + row, mask=valid, other=0) != 0)
     bad = tl.zeros([ROWS], tl.int32)
     some = tl.zeros([ROWS], tl.int32)
@@ -456,29 +405,21 @@ def scan_kernel(x_ptr, use_ptr, out_ptr, rows, V, ROWS: tl.constexpr, TILE: tl.c
 
 
 @triton.jit
-def _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, excluded, RECOVERY: tl.constexpr):
-    """A tile of what draw_kernel draws from: the given weights, or (RECOVERY) the recovery's terms."""
+def _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY: tl.constexpr):
+    """A tile of what draw_kernel draws from (Draws): the given weights, or (RECOVERY) the recovery's terms."""
+    V = draws.V
     inside = valid[:, None] & (cols[None, :] < V)
-    terms = tl.load(w_ptr + weight_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
+    terms = tl.load(draws.weights + weight_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
     if RECOVERY:
-        q = tl.load(q_ptr + row[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-        terms = residual_terms(terms, q, scale, cols[None, :], use_q, excluded)
+        q = tl.load(recovery.probs + recovery.q_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
+        terms = residual_terms(terms, q.to(tl.float32), cols[None, :], recovery)
     return terms
 
 
 @triton.jit
 def draw_kernel(
-    w_ptr,
-    u_ptr,
-    out_ptr,
-    q_ptr,
-    scale_ptr,
-    use_q_ptr,
-    excluded_ptr,
-    weight_rows,
-    rows,
-    V,
-    positions,
+    draws,  # Draws: weights float32 [.., V], uniforms float64 [rows], tokens int64 [rows], V, rows, positions, weight_rows
+    recovering,  # RecoveryRows: probs float [rows, V], scale float32 [rows], use_q int8 [rows], excluded int64 [rows]
     RECOVERY: tl.constexpr,
     ROWS: tl.constexpr,
     TILE: tl.constexpr,
@@ -487,141 +428,55 @@ def draw_kernel(
     draw of sampled mode (kernels.recover_rows): row r = (request, position) reads weight row
     (r // positions) * weight_rows + r % positions, draft probabilities q [rows, V], and per row the
     scale (float32, 1 / kept mass), use_q (int8) and excluded column (int64, -1: none)."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    valid = row < rows
-    weight_row = (row // positions) * weight_rows + row % positions
-    scale = tl.zeros([ROWS], tl.float32)
-    use_q = row < 0
-    excluded = tl.full([ROWS], -1, tl.int64)
+    V = draws.V
+    row, valid = program_rows(draws.rows, ROWS)
+    weight_row = (row // draws.positions) * draws.weight_rows + row % draws.positions
+    probs = recovering.probs
+    recovery = Recovery(probs, row, valid, tl.zeros([ROWS], tl.float32), row < 0, tl.full([ROWS], -1, tl.int64))
     if RECOVERY:
-        scale = tl.load(scale_ptr + row, mask=valid, other=0.0)
-        use_q = tl.load(use_q_ptr + row, mask=valid, other=0) != 0
-        excluded = tl.load(excluded_ptr + row, mask=valid, other=-1)
+        scale = tl.load(recovering.scale + row, mask=valid, other=0.0)
+        use_q = tl.load(recovering.use_q + row, mask=valid, other=0) != 0
+        excluded = tl.load(recovering.excluded + row, mask=valid, other=-1)
+        recovery = Recovery(probs, row, valid, scale, use_q, excluded)
         # a residual without mass (p~ == q) falls back to p~
         residual = tl.zeros([ROWS], tl.float64)
         for start in range(0, V, TILE):
             cols = start + tl.arange(0, TILE).to(tl.int64)
-            terms = _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, excluded, RECOVERY)
+            terms = _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY)
             residual += tl.sum(tl.where(use_q[:, None], terms, 0.0).to(tl.float64), axis=1)
-        use_q = use_q & (residual > 0)
+        recovery = Recovery(probs, row, valid, scale, use_q & (residual > 0), excluded)
     total = tl.zeros([ROWS], tl.float64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        terms = _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, excluded, RECOVERY)
-        total += tl.sum(terms.to(tl.float64), axis=1)
-    target = tl.load(u_ptr + row, mask=valid, other=0.0) * total
+        total += tl.sum(_drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY).to(tl.float64), axis=1)
+    target = tl.load(draws.uniforms + row, mask=valid, other=0.0) * total
     before = tl.zeros([ROWS], tl.float64)
     token = tl.zeros([ROWS], tl.int64)
     found = row < 0
     last = tl.full([ROWS], -1, tl.int64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        terms = _drawn_terms(w_ptr, weight_row, q_ptr, row, cols, valid, V, scale, use_q, excluded, RECOVERY)
+        terms = _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY)
         before, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
-    tl.store(out_ptr + row, tl.where(found, token, tl.maximum(last, 0)), mask=valid)
+    tl.store(draws.tokens + row, tl.where(found, token, tl.maximum(last, 0)), mask=valid)
 
 
 @triton.jit
 def relaxed_kernel(
-    x_ptr,
-    d_ptr,
-    accepted_ptr,
-    top1_ptr,
-    rows,
-    V,
-    positions,
-    logit_positions,
-    k,
-    delta,
+    logits,  # Logits: data float [requests * logit_positions, V], no grammar mask (words: the logits)
+    rule,  # RelaxedRows: drafts int64 [rows], accepted int8 [rows], top1 int64 [rows], rows, positions, ...
     ROWS: tl.constexpr,
     TILE: tl.constexpr,
 ):
     """The relaxed rule at each drafted position (kernels.relaxed_rows): row r = (request, position) reads
     logit row (r // positions) * logit_positions + r % positions."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    valid = row < rows
-    logit_row = (row // positions) * logit_positions + row % positions
-    top, best = row_max_argmax(x_ptr, logit_row, valid, V, x_ptr, 0, False, ROWS, TILE)
-    draft = tl.load(d_ptr + row, mask=valid, other=-1)
-    accepted = relaxed_judge(x_ptr, logit_row, valid, V, x_ptr, 0, draft, top, k, delta, valid, False, ROWS, TILE)
-    tl.store(accepted_ptr + row, accepted.to(tl.int8), mask=valid)
-    tl.store(top1_ptr + row, best, mask=valid)
-
-
-@triton.jit
-def first_pass(
-    x_ptr,
-    row,
-    valid,
-    V,
-    m_ptr,
-    W,
-    inverse,
-    plain,
-    sifted,
-    HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE: tl.constexpr,
-    TILES: tl.constexpr,
-):
-    """Pass 1 of verify_kernel, the only full read of most rows: the largest masked logit (NaN skipped, -inf
-    when none) and its lowest index, and the top of the weights (it, 0 where it is not finite). For `plain`
-    rows, the float64 sum of each tile's weights [R, TILES] (NaN left out) with the final top: a tile's sum
-    is taken with the top known at that tile and multiplied by exp((old - new) * inverse) in float64 each
-    time the top grows later, so it differs from the exact sum by the rounding of the weights' exponents
-    (WALK_MARGIN); tiles from the final top's on are exact. For `sifted` rows, a histogram of the weights
-    by depth (BUCKETS buckets of BUCKET_NATS; the last one holds everything deeper, -inf and NaN logits
-    none): counts and approximate masses, float32 [R, BUCKETS]. Bucket i holds the depths below the top in
-    [i * BUCKET_NATS - lead, (i + 1) * BUCKET_NATS - lead), lead in [0, BUCKET_NATS) nats [R]: as the top
-    grows the histogram moves deeper by whole buckets and lead takes up the rest, so that the buckets'
-    edges stay where they were (up to float32 rounding) and each weight sits in its final bucket. Also the
-    bits of the smallest weight of a finite logit, `deepest` (int64 [R]; 0 for rows not sifted).
-    -> (largest, best, top, sums, counts, masses, lead, deepest)."""
-    best = tl.full([ROWS], float("-inf"), tl.float32)
-    index = tl.zeros([ROWS], tl.int64)
-    top = tl.zeros([ROWS], tl.float32)
-    slots = tl.arange(0, TILES)
-    sums = tl.zeros([ROWS, TILES], tl.float64)
-    buckets = tl.arange(0, BUCKETS)
-    counts = tl.zeros([ROWS, BUCKETS], tl.float32)
-    masses = tl.zeros([ROWS, BUCKETS], tl.float32)
-    lead = tl.zeros([ROWS], tl.float32)
-    least = tl.full([ROWS], float("inf"), tl.float32)
-    any_plain = tl.max(plain.to(tl.int32), axis=0) > 0
-    any_sifted = tl.max(sifted.to(tl.int32), axis=0) > 0
-    for start in range(0, V, TILE):
-        cols = start + tl.arange(0, TILE).to(tl.int64)
-        tile = start // TILE
-        x, inside = load_logits(x_ptr, row, cols, valid, V, m_ptr, W, HAS_MASK)
-        seen = best > float("-inf")
-        best, index = max_argmax_update(x, inside, cols, best, index)
-        now = tl.where(tl.abs(best) < float("inf"), best, 0.0)
-        w = weights_of(x, now, inverse)
-        if any_plain:
-            sums = tl.where(
-                slots[None, :] == tile,
-                tl.sum(kept_of(w, inside, 0).to(tl.float64), axis=1)[:, None],
-                sums * rescale(top, now, inverse, plain & seen & (tl.abs(best) < float("inf")))[:, None],
-            )
-        if any_sifted:
-            grown = tl.where(sifted & seen, (now - top) * inverse, 0.0)
-            if tl.max(grown, axis=0) > 0:
-                steps = tl.maximum(tl.ceil((grown - lead) / BUCKET_NATS), 0.0)  # whole buckets deeper
-                lead = lead + steps * BUCKET_NATS - grown
-                shift = tl.minimum(steps, BUCKETS).to(tl.int32)
-                moved = tl.minimum(buckets[None, :] + shift[:, None], BUCKETS - 1)[:, :, None] == buckets[None, None, :]
-                counts = tl.sum(tl.where(moved, counts[:, :, None], 0.0), axis=1)
-                masses = tl.sum(tl.where(moved, masses[:, :, None], 0.0), axis=1) * tl.exp(-grown)[:, None]
-            counted = sifted[:, None] & inside & (x > float("-inf"))
-            depth = ((now[:, None] - x) * inverse[:, None] + lead[:, None]) / BUCKET_NATS
-            bucket = tl.where(counted, tl.floor(tl.minimum(tl.maximum(depth, 0.0), BUCKETS - 1)), -1.0).to(tl.int32)
-            hits = bucket[:, :, None] == buckets[None, None, :]
-            counts += tl.sum(hits.to(tl.float32), axis=1)
-            masses += tl.sum(tl.where(hits, w[:, :, None], 0.0), axis=1)
-            least = tl.minimum(least, tl.min(tl.where(counted, x, float("inf")), axis=1))
-        top = now
-    deepest = tl.where(least < float("inf"), tl.exp((least - top) * inverse).to(tl.int32, bitcast=True), 0)
-    return best, index, top, sums, counts, masses, lead, deepest.to(tl.int64)
+    row, valid = program_rows(rule.rows, ROWS)
+    logit_row = (row // rule.positions) * rule.logit_positions + row % rule.positions
+    top, best = row_max_argmax(logits, logit_row, valid, TILE)
+    draft = tl.load(rule.drafts + row, mask=valid, other=-1)
+    accepted = relaxed_judge(logits, logit_row, draft, top, valid, rule.k, rule.delta, TILE)
+    tl.store(rule.accepted + row, accepted.to(tl.int8), mask=valid)
+    tl.store(rule.top1 + row, best, mask=valid)
 
 
 @triton.jit
@@ -635,67 +490,125 @@ def rescale(old, new, inverse, active):
 
 
 @triton.jit
-def kept_of(w, inside, threshold):
-    """Weights [R, C] whose bits reach the threshold (int64, [R] or a number), 0 for the others (NaN too)."""
-    return tl.where(order_bits(w, inside) >= threshold, w, 0.0)
+def deepen_histogram(counts, masses, lead, grown):
+    """first_pass's histogram after the top grew by `grown` nats (float32 [R], 0 where it did not): every
+    bucket moves deeper by whole buckets, the deepest ones merging into the last, masses scaled down, and
+    lead takes up the rest -> (counts, masses, lead)."""
+    buckets = tl.arange(0, BUCKETS)
+    steps = tl.maximum(tl.ceil((grown - lead) / BUCKET_NATS), 0.0)  # whole buckets deeper
+    lead = lead + steps * BUCKET_NATS - grown
+    shift = tl.minimum(steps, BUCKETS).to(tl.int32)
+    moved = tl.minimum(buckets[None, :] + shift[:, None], BUCKETS - 1)[:, :, None] == buckets[None, None, :]
+    counts = tl.sum(tl.where(moved, counts[:, :, None], 0.0), axis=1)
+    masses = tl.sum(tl.where(moved, masses[:, :, None], 0.0), axis=1) * tl.exp(-grown)[:, None]
+    return counts, masses, lead
 
 
 @triton.jit
-def tile_sums(
-    x_ptr,
-    row,
-    active,
-    V,
-    m_ptr,
-    W,
-    top,
-    inverse,
-    threshold,
-    sums,
-    HAS_MASK: tl.constexpr,
-    TILE: tl.constexpr,
-    TILES: tl.constexpr,
-):
+def first_pass(logits, row, valid, inverse, roles, SHAPE: tl.constexpr):
+    """Pass 1 of verify_kernel, the only full read of most rows -> FirstPass: the largest masked logit (NaN
+    skipped, -inf when none) and its lowest index, and the top of the weights (it, 0 where it is not
+    finite). For plain rows (Roles), the float64 sum of each tile's weights [R, TILES] (NaN left out) with the
+    final top: a tile's sum is taken with the top known at that tile and multiplied by exp((old - new) *
+    inverse) in float64 each time the top grows later, so it differs from the exact sum by the rounding of
+    the weights' exponents (WALK_MARGIN); tiles from the final top's on are exact. For truncating rows, a
+    histogram of the weights by depth (BUCKETS buckets of BUCKET_NATS; the last one holds everything
+    deeper, -inf and NaN logits none): counts and approximate masses, float32 [R, BUCKETS]. Bucket i holds
+    the depths below the top in [i * BUCKET_NATS - lead, (i + 1) * BUCKET_NATS - lead), lead in [0,
+    BUCKET_NATS) nats [R]: as the top grows the histogram moves deeper by whole buckets and lead takes up
+    the rest, so that the buckets' edges stay where they were (up to float32 rounding) and each weight sits
+    in its final bucket. Also the bits of the smallest weight of a finite logit, `deepest` (int64 [R]; 0
+    for rows not truncating)."""
+    ROWS: tl.constexpr = SHAPE.ROWS
+    TILE: tl.constexpr = SHAPE.TILE
+    TILES: tl.constexpr = SHAPE.TILES
+    plain = roles.plain
+    sifted = roles.truncating
+    best = tl.full([ROWS], float("-inf"), tl.float32)
+    index = tl.zeros([ROWS], tl.int64)
+    top = tl.zeros([ROWS], tl.float32)
+    slots = tl.arange(0, TILES)
+    sums = tl.zeros([ROWS, TILES], tl.float64)
+    buckets = tl.arange(0, BUCKETS)
+    counts = tl.zeros([ROWS, BUCKETS], tl.float32)
+    masses = tl.zeros([ROWS, BUCKETS], tl.float32)
+    lead = tl.zeros([ROWS], tl.float32)
+    least = tl.full([ROWS], float("inf"), tl.float32)
+    any_plain = any_row(plain)
+    any_sifted = any_row(sifted)
+    for start in range(0, logits.V, TILE):
+        cols = start + tl.arange(0, TILE).to(tl.int64)
+        tile = start // TILE
+        x, inside = load_logits(logits, row, cols, valid)
+        seen = best > float("-inf")
+        best, index = max_argmax_update(x, inside, cols, best, index)
+        now = tl.where(tl.abs(best) < float("inf"), best, 0.0)
+        w = weights_of(x, now, inverse)
+        if any_plain:
+            sums = tl.where(
+                slots[None, :] == tile,
+                tl.sum(kept_of(w, inside, 0).to(tl.float64), axis=1)[:, None],
+                sums * rescale(top, now, inverse, plain & seen & (tl.abs(best) < float("inf")))[:, None],
+            )
+        if any_sifted:
+            grown = tl.where(sifted & seen, (now - top) * inverse, 0.0)
+            if tl.max(grown, axis=0) > 0:
+                counts, masses, lead = deepen_histogram(counts, masses, lead, grown)
+            counted = sifted[:, None] & inside & (x > float("-inf"))
+            depth = ((now[:, None] - x) * inverse[:, None] + lead[:, None]) / BUCKET_NATS
+            bucket = tl.where(counted, tl.floor(tl.minimum(tl.maximum(depth, 0.0), BUCKETS - 1)), -1.0).to(tl.int32)
+            hits = bucket[:, :, None] == buckets[None, None, :]
+            counts += tl.sum(hits.to(tl.float32), axis=1)
+            masses += tl.sum(tl.where(hits, w[:, :, None], 0.0), axis=1)
+            least = tl.minimum(least, tl.min(tl.where(counted, x, float("inf")), axis=1))
+        top = now
+    deepest = tl.where(least < float("inf"), tl.exp((least - top) * inverse).to(tl.int32, bitcast=True), 0)
+    return FirstPass(best, index, top, sums, counts, masses, lead, deepest.to(tl.int64))
+
+
+@triton.jit
+def tile_sums(weights, active, threshold, sums, TILE: tl.constexpr):
     """The float64 sum of the kept weights (bits >= threshold [R]) of each tile of `active` rows, written
     into their slots of sums [R, TILES] (other rows' kept) -> sums."""
-    slots = tl.arange(0, TILES)
-    for start in range(0, V, TILE):
+    slots = tl.arange(0, sums.shape[1])
+    for start in range(0, weights.logits.V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        x, inside = load_logits(x_ptr, row, cols, active, V, m_ptr, W, HAS_MASK)
-        kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
+        w, inside = weights_at(weights, cols, active)
+        kept = kept_of(w, inside, threshold[:, None])
         at = active[:, None] & (slots[None, :] == start // TILE)
         sums = tl.where(at, tl.sum(kept.to(tl.float64), axis=1)[:, None], sums)
     return sums
 
 
 @triton.jit
-def in_order(sums, V, ROWS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr):
+def in_order(sums, V, TILE: tl.constexpr):
     """The float64 total of tile sums [R, TILES], added tile after tile as a walk adds them -> [R]."""
-    slots = tl.arange(0, TILES)
-    total = tl.zeros([ROWS], tl.float64)
+    slots = tl.arange(0, sums.shape[1])
+    total = tl.zeros([sums.shape[0]], tl.float64)
     for start in range(0, V, TILE):
         total += tl.sum(tl.where(slots[None, :] == start // TILE, sums, 0.0), axis=1)
     return total
 
 
 @triton.jit
-def candidate_bound(counts, masses, lead, deepest, top_k, top_p, limited, nucleus, floor):
+def candidate_bound(first, truncation, roles):
     """Where a sifted row's candidates start, as weight bits [R] (at least 1: never a zero weight): the lower
-    edge (less EDGE_SLACK) of the first histogram bucket (first_pass's, starting lead nats above the top) whose cumulative
-    count reaches top_k (top-k rows), else whose cumulative mass reaches top_p of the row's with a margin
-    (top-p rows), or the deepest weight where that lies below it; raised to min-p's bits `floor` unless
-    both top-k and top-p apply; 1 (every positive weight) where no bucket but the last one reaches. Also
-    how many candidates there are by the histogram (0 where min-p raised the bound) ->
+    edge (less EDGE_SLACK) of the first histogram bucket (first_pass's FirstPass, starting lead nats above
+    the top) whose cumulative count reaches top_k (top-k rows), else whose cumulative mass reaches top_p of
+    the row's with a margin (top-p rows), or the deepest weight where that lies below it; raised to min-p's
+    floor unless both top-k and top-p apply; 1 (every positive weight) where no bucket but the last one
+    reaches. Also how many candidates there are by the histogram (0 where min-p raised the bound) ->
     (bound int64 [R], float32 [R])."""
     buckets = tl.arange(0, BUCKETS)
-    above = tl.cumsum(counts, axis=1)
-    by_count = above >= top_k.to(tl.float32)[:, None]
-    by_mass = tl.cumsum(masses, axis=1) >= (top_p * (1.0 + MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
-    reaches = tl.where(limited[:, None], by_count, nucleus[:, None] & by_mass)
+    above = tl.cumsum(first.counts, axis=1)
+    by_count = above >= truncation.top_k.to(tl.float32)[:, None]
+    masses = first.masses
+    by_mass = tl.cumsum(masses, axis=1) >= (truncation.top_p * (1.0 + MASS_MARGIN) * tl.sum(masses, axis=1))[:, None]
+    reaches = tl.where(roles.limited[:, None], by_count, roles.nucleus[:, None] & by_mass)
     depth = tl.min(tl.where(reaches, buckets[None, :], BUCKETS - 1), axis=1)
-    edge = bucket_edge(lead, depth + 1) - EDGE_SLACK
-    bound = tl.maximum(tl.where(depth < BUCKETS - 1, tl.maximum(edge, deepest), 1), 1)
-    raised = tl.where(limited & nucleus, bound, tl.maximum(bound, floor))
+    edge = bucket_edge(first.lead, depth + 1) - EDGE_SLACK
+    bound = tl.maximum(tl.where(depth < BUCKETS - 1, tl.maximum(edge, first.deepest), 1), 1)
+    raised = tl.where(roles.limited & roles.nucleus, bound, tl.maximum(bound, truncation.floor))
     at_least = tl.sum(tl.where(buckets[None, :] == depth[:, None], above, 0.0), axis=1)
     return raised, tl.where(raised == bound, at_least, 0.0)
 
@@ -718,69 +631,51 @@ def sure_bound(masses, lead, top_p):
 
 
 @triton.jit
-def compact(
-    x_ptr,
-    row,
-    sifted,
-    V,
-    m_ptr,
-    W,
-    top,
-    inverse,
-    bound,
-    hi,
-    split,
-    c_ptr,
-    HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr,
-    SEARCH: tl.constexpr,
-    TILE: tl.constexpr,
-    TILES: tl.constexpr,
-    CANDIDATES: tl.constexpr,
-):
+def compact(weights, sifted, region, split, scratch, SHAPE: tl.constexpr):
     """Pass 2 of verify_kernel (and the refining passes of top-p rows), for sifted rows, SEARCH columns at a
-    time: the float64 sum of their exact weights (NaN left out), the count of positive ones, every column
-    whose weight bits lie in [bound, hi) written in vocabulary order to the row's CANDIDATES slots of c_ptr
-    as (bits << 32) | column (a count above CANDIDATES: they did not all fit; the first CANDIDATES are
-    written), the float64 sums per tile of the weights at or above hi (float64 [R, TILES]: kept whatever
-    the threshold in the region), and for `split` rows, per cut i of the region (split_edges: cut i holds
-    the bits in [edge i, edge i - 1), edge -1 = hi), the float64 mass of the candidates at or above edge i,
-    the smallest candidate's bits at or above it and the largest below edge i - 1 (int64 [R, SPLITS]; the
-    cut's range where it holds any) -> (mass, positives, count, sure, cut, least, most)."""
+    time -> Compacted: the float64 sum of their exact weights (NaN left out), the count of positive ones,
+    every column whose weight bits lie in the Region [bound, hi) written in vocabulary order to the row's
+    slots of the Scratch as (bits << 32) | column (a count above CANDIDATES: they
+    did not all fit; the first CANDIDATES are written), the float64 sums per tile of the weights at or above
+    hi (float64 [R, TILES]: kept whatever the threshold in the region), and for `split` rows, per cut i of
+    the region (split_edges: cut i holds the bits in [edge i, edge i - 1), edge -1 = hi), the float64 mass
+    of the candidates at or above edge i, the smallest candidate's bits at or above it and the largest
+    below edge i - 1 (int64 [R, SPLITS]; the cut's range where it holds any)."""
+    ROWS: tl.constexpr = SHAPE.ROWS
+    bound = region.bound
+    hi = region.hi
     mass = tl.zeros([ROWS], tl.float64)
     positives = tl.zeros([ROWS], tl.int32)
     count = tl.zeros([ROWS], tl.int32)
-    slots = tl.arange(0, TILES)
-    sure = tl.zeros([ROWS, TILES], tl.float64)
+    slots = tl.arange(0, SHAPE.TILES)
+    sure = tl.zeros([ROWS, SHAPE.TILES], tl.float64)
     cut = tl.zeros([ROWS, SPLITS], tl.float64)
     least = tl.full([ROWS, SPLITS], PAST_END, tl.int64)
     most = tl.full([ROWS, SPLITS], -1, tl.int64)
     lower = split_edges(bound, hi, 1)
     upper = split_edges(bound, hi, 0)
-    any_split = tl.max((sifted & split).to(tl.int32), axis=0) > 0
-    if tl.max(sifted.to(tl.int32), axis=0) > 0:
-        for start in range(0, V, SEARCH):
-            cols = start + tl.arange(0, SEARCH).to(tl.int64)
-            x, inside = load_logits(x_ptr, row, cols, sifted, V, m_ptr, W, HAS_MASK)
-            w = weights_of(x, top, inverse)
+    any_split = any_row(sifted & split)
+    if any_row(sifted):
+        for start in range(0, weights.logits.V, SHAPE.SEARCH):
+            cols = start + tl.arange(0, SHAPE.SEARCH).to(tl.int64)
+            w, inside = weights_at(weights, cols, sifted)
             keys = order_bits(w, inside)
             mass += tl.sum(tl.where(keys >= 0, w, 0.0).to(tl.float64), axis=1)
             positives += tl.sum((keys > 0).to(tl.int32), axis=1)
             chosen = (keys >= bound[:, None]) & (keys < hi[:, None])
             at = count[:, None] + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
-            tl.store(
-                c_ptr + row[:, None] * CANDIDATES + at, (keys << 32) | cols[None, :], mask=chosen & (at < CANDIDATES)
-            )
+            slot = scratch.words + scratch.row[:, None] * SHAPE.CANDIDATES + at
+            tl.store(slot, (keys << 32) | cols[None, :], mask=chosen & (at < SHAPE.CANDIDATES))
             count += tl.sum(chosen.to(tl.int32), axis=1)
             above = tl.sum(tl.where(keys >= hi[:, None], w, 0.0).to(tl.float64), axis=1)
-            sure = tl.where(slots[None, :] == start // TILE, sure + above[:, None], sure)
+            sure = tl.where(slots[None, :] == start // SHAPE.TILE, sure + above[:, None], sure)
             if any_split:
                 reaches = chosen[:, :, None] & (keys[:, :, None] >= lower[:, None, :])
                 cut += tl.sum(tl.where(reaches, w.to(tl.float64)[:, :, None], 0.0), axis=1)
                 least = tl.minimum(least, tl.min(tl.where(reaches, keys[:, :, None], PAST_END), axis=1))
                 under = chosen[:, :, None] & (keys[:, :, None] < upper[:, None, :])
                 most = tl.maximum(most, tl.max(tl.where(under, keys[:, :, None], -1), axis=1))
-    return mass, positives, count, sure, cut, least, most
+    return Compacted(mass, positives, count, sure, cut, least, most)
 
 
 @triton.jit
@@ -793,19 +688,19 @@ def split_edges(bound, hi, OFFSET: tl.constexpr):
 
 
 @triton.jit
-def refine_region(above, cut, least, most, target, bound, floor):
-    """The next region of a top-p row that compact cut but whose candidates did not decide it: the range of
-    bits [least, most + 1) that the candidates of cut i hold, i the first cut where the tail above + cut
-    (float64 [R, SPLITS], compact's; above: the mass at or above the region) reaches the target, so the
-    nucleus threshold lies in it. It is `pinned` (the threshold is its lower end, nothing is left to
-    list: the next region is [t, t), everything at or above t sure) where the cut holds one value (ties),
-    and where no cut reaches the target on a row whose bound is min-p's floor (the threshold lies below
-    it, so the floor decides). Also whether there is a next region (the threshold below the region's
-    top, and in it or under the floor) -> (bound, hi, found, pinned), int64 [R] and bool [R]."""
+def refine_region(compacted, above, target, bound, floor):
+    """The next region of a top-p row that compact cut (Compacted) but whose candidates did not decide it:
+    the range of bits [least, most + 1) that the candidates of cut i hold, i the first cut where the tail
+    above + cut (above: the mass at or above the region) reaches the target, so the nucleus threshold lies
+    in it. It is `pinned` (the threshold is its lower end, nothing is left to list: the next region is
+    [t, t), everything at or above t sure) where the cut holds one value (ties), and where no cut reaches
+    the target on a row whose bound is min-p's floor (the threshold lies below it, so the floor decides).
+    Also whether there is a next region (the threshold below the region's top, and in it or under the
+    floor) -> (bound, hi, found, pinned), int64 [R] and bool [R]."""
     steps = tl.arange(0, SPLITS)
-    first = tl.min(tl.where(above[:, None] + cut >= target[:, None], steps[None, :], SPLITS), axis=1)
-    lower = tl.sum(tl.where(steps[None, :] == first[:, None], least, 0), axis=1)
-    upper = tl.sum(tl.where(steps[None, :] == first[:, None], most, 0), axis=1) + 1
+    first = tl.min(tl.where(above[:, None] + compacted.cut >= target[:, None], steps[None, :], SPLITS), axis=1)
+    lower = tl.sum(tl.where(steps[None, :] == first[:, None], compacted.least, 0), axis=1)
+    upper = tl.sum(tl.where(steps[None, :] == first[:, None], compacted.most, 0), axis=1) + 1
     floored = (first == SPLITS) & (floor >= bound)
     found = (above < target) & ((first < SPLITS) | floored)
     pinned = found & (floored | (upper - lower == 1))
@@ -814,56 +709,48 @@ def refine_region(above, cut, least, most, target, bound, floor):
 
 
 @triton.jit
-def resolve_candidates(
-    c_ptr,
-    row,
-    sifted,
-    count,
-    positives,
-    mass,
-    top_k,
-    top_p,
-    floor,
-    rtol,
-    limited,
-    nucleus,
-    bound,
-    hi,
-    above,
-    CANDIDATES: tl.constexpr,
-):
-    """SPEC §2 steps 3-5 on a sifted row's candidates (compact's: the weights with bits in [bound, hi); the
+def load_candidates(scratch, fits, count, CANDIDATES: tl.constexpr):
+    """The candidates compact wrote to the Scratch for rows that `fits` (bool [R]; count int32 [R] of them): which slots
+    hold one, their packed words, keys (weight bits, -1 past the count) and weights -> (bool [R, C],
+    int64 [R, C], int64 [R, C], float32 [R, C])."""
+    slots = tl.arange(0, CANDIDATES)
+    held = fits[:, None] & (slots[None, :] < count[:, None])
+    packed = tl.load(scratch.words + scratch.row[:, None] * CANDIDATES + slots[None, :], mask=held, other=-1)
+    keys = tl.where(held, packed >> 32, -1)
+    return held, packed, keys, tl.where(held, keys.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+
+
+@triton.jit
+def resolve_candidates(scratch, sifted, compacted, truncation, roles, region, above, SHAPE: tl.constexpr):
+    """SPEC §2 steps 3-5 on a sifted row's candidates (Compacted: the weights with bits in the Region; the
     mass `above` [R] at or above hi, for top-p rows, is added to every tail), where they decide it: the
     kept set's threshold (int64 bits [R], keeping the set kept_threshold keeps), whether the candidates
     decide it (`resolved`: they all fit, every value the threshold depends on is among them, every weight
     that reaches it is a candidate or at or above hi, and every weight at or above hi reaches it), the
     candidates' kept weights (float32 [R, CANDIDATES], 0 for the others and past the count) with their
-    columns (int64 [R, CANDIDATES]), and the top-p target. mass: the row's (compact's) ->
-    (threshold, resolved, kept, columns, target)."""
-    slots = tl.arange(0, CANDIDATES)
-    fits = sifted & (count <= CANDIDATES)
-    held = fits[:, None] & (slots[None, :] < count[:, None])
-    packed = tl.load(c_ptr + row[:, None] * CANDIDATES + slots[None, :], mask=held, other=-1)
-    keys = tl.where(held, packed >> 32, -1)
-    weights = tl.where(held, keys.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-    every = fits & (count == positives)  # every positive weight is a candidate
+    columns (int64 [R, CANDIDATES]), and the top-p target -> (threshold, resolved, kept, columns, target)."""
+    count = compacted.count
+    fits = sifted & (count <= SHAPE.CANDIDATES)
+    held, packed, keys, weights = load_candidates(scratch, fits, count, SHAPE.CANDIDATES)
+    every = fits & (count == compacted.positives)  # every positive weight is a candidate
     # top-k: the k-th largest weight, where it is a candidate
-    kth_here = limited & (count.to(tl.int64) >= top_k)
+    top_k = truncation.top_k
+    kth_here = roles.limited & (count.to(tl.int64) >= top_k)
     ones = tl.where(held, 1.0, 0.0).to(tl.float64)
     nothing = tl.zeros_like(above)
     kth = search_candidates(keys, ones, tl.zeros_like(top_k), top_k.to(tl.float64), nothing, kth_here)
     # top-p on the top-k-renormalised row: the largest weight whose tail reaches the target
     amounts = tl.where(keys >= kth[:, None], weights, 0.0).to(tl.float64)
-    mass = tl.where(kth_here, tl.sum(amounts, axis=1), mass)
-    target = top_p.to(tl.float64) * mass * (1.0 - rtol)
-    nucleus_here = nucleus & (above + tl.sum(amounts, axis=1) >= target)
+    mass = tl.where(kth_here, tl.sum(amounts, axis=1), compacted.mass)
+    target = truncation.top_p.to(tl.float64) * mass * (1.0 - truncation.rtol)
+    nucleus_here = roles.nucleus & (above + tl.sum(amounts, axis=1) >= target)
     reached = search_candidates(keys, amounts, kth, target, above, nucleus_here)
-    threshold = tl.maximum(tl.maximum(kth, reached), floor)
+    threshold = tl.maximum(tl.maximum(kth, reached), truncation.floor)
     # an unknown k-th weight lies below the candidates and leaves top-p unknown; an unknown nucleus lies below them
-    known = ~limited | kth_here | every | ~nucleus
+    known = ~roles.limited | kth_here | every | ~roles.nucleus
     # a tail that reaches the target at hi leaves the threshold unknown above it
-    sure = (reached < hi) & (threshold <= hi)
-    resolved = fits & known & sure & ((threshold >= bound) | every)
+    sure = (reached < region.hi) & (threshold <= region.hi)
+    resolved = fits & known & sure & ((threshold >= region.bound) | every)
     return threshold, resolved, tl.where(keys >= threshold[:, None], weights, 0.0), packed & 0xFFFFFFFF, target
 
 
@@ -886,10 +773,10 @@ def search_candidates(keys, amounts, floor, target, base, active):
 
 
 @triton.jit
-def candidate_tile_sums(sure, kept, columns, V, TILE: tl.constexpr, TILES: tl.constexpr):
+def candidate_tile_sums(sure, kept, columns, V, TILE: tl.constexpr):
     """Per tile, sure [R, TILES] (float64, the kept weights at or above the candidates) plus the kept weights
     of the candidates in it (kept float32 [R, C] at columns int64 [R, C]) -> float64 [R, TILES]."""
-    slots = tl.arange(0, TILES)
+    slots = tl.arange(0, sure.shape[1])
     tile = columns // TILE
     for start in range(0, V, TILE):
         inside = tl.sum(tl.where(tile == start // TILE, kept, 0.0).to(tl.float64), axis=1)
@@ -898,143 +785,276 @@ def candidate_tile_sums(sure, kept, columns, V, TILE: tl.constexpr, TILES: tl.co
 
 
 @triton.jit
-def residual_tile_sums(
-    x_ptr,
-    row,
-    judged,
-    V,
-    m_ptr,
-    W,
-    top,
-    inverse,
-    threshold,
-    q_ptr,
-    q_row,
-    scale,
-    use_q,
-    excluded,
-    HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE: tl.constexpr,
-    TILES: tl.constexpr,
-):
-    """Per tile of `judged` rows, the float64 sums of the recovery's terms (residual_terms) and of the kept
-    weights without the excluded column -> (residual sums, without sums), float64 [R, TILES]."""
+def residual_tile_sums(weights, walked, threshold, recovery, TILES: tl.constexpr, TILE: tl.constexpr):
+    """Per tile of `walked` rows (bool [R]), the float64 sums of the recovery's terms (residual_terms,
+    Recovery) and of the kept weights without the excluded column -> (residual sums, without sums),
+    float64 [R, TILES]."""
+    ROWS: tl.constexpr = walked.shape[0]
+    V = weights.logits.V
     slots = tl.arange(0, TILES)
     residual = tl.zeros([ROWS, TILES], tl.float64)
     without = tl.zeros([ROWS, TILES], tl.float64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
         at = slots[None, :] == start // TILE
-        x, inside = load_logits(x_ptr, row, cols, judged, V, m_ptr, W, HAS_MASK)
-        kept = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
-        q = tl.load(q_ptr + q_row[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-        terms = residual_terms(kept, q, scale, cols[None, :], use_q, excluded)
+        w, inside = weights_at(weights, cols, walked)
+        kept = kept_of(w, inside, threshold[:, None])
+        q = tl.load(recovery.probs + recovery.q_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
+        terms = residual_terms(kept, q.to(tl.float32), cols[None, :], recovery)
         residual = tl.where(at, tl.sum(terms.to(tl.float64), axis=1)[:, None], residual)
-        kept = tl.where(cols[None, :] == excluded[:, None], 0.0, kept)
+        kept = tl.where(cols[None, :] == recovery.excluded[:, None], 0.0, kept)
         without = tl.where(at, tl.sum(kept.to(tl.float64), axis=1)[:, None], without)
     return residual, without
 
 
 @triton.jit
-def walk_tiles(
-    x_ptr,
-    row,
-    walking,
-    V,
-    m_ptr,
-    W,
-    top,
-    inverse,
-    threshold,
-    sums,
-    target,
-    q_ptr,
-    q_row,
-    judged,
-    scale,
-    use_q,
-    excluded,
-    HAS_MASK: tl.constexpr,
-    SAMPLED: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE: tl.constexpr,
-    TILES: tl.constexpr,
-):
-    """The inverse-CDF walk over the kept weights (SAMPLED: the recovery's terms for judged rows) of
-    `walking` rows, tile after tile as a walk over every tile, but reading a tile only where its sum (sums
-    [R, TILES], the sums of those terms: exact, or first_pass's within rounding) can take the running sum
-    past the target: within WALK_MARGIN, above that rounding, so it stops where the full walk would. The
-    running sum enters a tile as the total of the earlier tiles' sums, read or not (so which tiles are
-    read does not change the draw, and the last one ends at in_order(sums), the mass the target is a
-    share of); within a tile it adds the exact terms -> int64 [R]."""
-    slots = tl.arange(0, TILES)
+def walk_tiles(weights, walking, kept, target, recovery, SAMPLED: tl.constexpr, TILE: tl.constexpr):
+    """The inverse-CDF walk over the kept weights (KeptSet; SAMPLED: the recovery's terms for judged rows,
+    Recovery) of `walking` rows, tile after tile as a walk over every tile, but reading a tile only where
+    its sum (kept.sums [R, TILES], the sums of those terms: exact, or first_pass's within rounding) can take
+    the running sum past the target: within WALK_MARGIN, above that rounding, so it stops where the full
+    walk would. The running sum enters a tile as the total of the earlier tiles' sums, read or not (so
+    which tiles are read does not change the draw, and the last one ends at in_order(sums), the mass the
+    target is a share of); within a tile it adds the exact terms -> int64 [R]."""
+    ROWS: tl.constexpr = walking.shape[0]
+    V = weights.logits.V
+    slots = tl.arange(0, kept.sums.shape[1])
     before = tl.zeros([ROWS], tl.float64)
     token = tl.zeros([ROWS], tl.int64)
-    found = row < 0
+    found = weights.row < 0
     last = tl.full([ROWS], -1, tl.int64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
-        tile_sum = tl.sum(tl.where(slots[None, :] == start // TILE, sums, 0.0), axis=1)
+        tile_sum = tl.sum(tl.where(slots[None, :] == start // TILE, kept.sums, 0.0), axis=1)
         read = walking & ~found & (tile_sum > 0) & ~(before + tile_sum < target * (1.0 - WALK_MARGIN))
-        x, inside = load_logits(x_ptr, row, cols, read, V, m_ptr, W, HAS_MASK)
-        terms = kept_of(weights_of(x, top, inverse), inside, threshold[:, None])
+        w, inside = weights_at(weights, cols, read)
+        terms = kept_of(w, inside, kept.threshold[:, None])
         if SAMPLED:
-            q = tl.load(
-                q_ptr + q_row[:, None] * V + cols[None, :], mask=(read & judged)[:, None] & inside, other=0.0
-            ).to(tl.float32)
-            terms = residual_terms(terms, q, scale, cols[None, :], use_q, excluded)
+            q_at = recovery.probs + recovery.q_row[:, None] * V + cols[None, :]
+            q = tl.load(q_at, mask=(read & recovery.judged)[:, None] & inside, other=0.0).to(tl.float32)
+            terms = residual_terms(terms, q, cols[None, :], recovery)
         _, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
         before = before + tile_sum  # the tile's sum, not its terms' total: the same whether it was read
     return tl.where(found, token, tl.maximum(last, 0))
 
 
+@triton.jit
+def positions_of(drafts, ROWS: tl.constexpr):
+    """Which (request b, position j <= K) each row of this program is (Drafts: B requests of K) -> Position."""
+    per_request = drafts.K + 1
+    row, valid = program_rows(drafts.B * per_request, ROWS)
+    b = row // per_request
+    j = row % per_request
+    return Position(row, b, j, valid, valid & (j < drafts.K))
+
+
+@triton.jit
+def draft_at(drafts, at, V):
+    """The draft at each drafted row (Position), or -1 where it or an earlier one is not an id in [0, V)."""
+    K = drafts.K
+    draft = tl.load(drafts.tokens + at.b * K + at.j, mask=at.drafted, other=-1).to(tl.int64)
+    padded = ~at.drafted
+    for i in range(0, K):
+        earlier = tl.load(drafts.tokens + at.b * K + i, mask=at.drafted & (i <= at.j), other=0).to(tl.int64)
+        padded = padded | ((i <= at.j) & ((earlier < 0) | (earlier >= V)))
+    return tl.where(padded, -1, draft)
+
+
+@triton.jit
+def row_keys(requests, at, seed_low, seed_high, FLAGS: tl.constexpr):
+    """Each row's key s_b + j, uint64 [R]: s_b from Requests.seeds, or (Flags.SHARED_SEED) one seed s plus
+    b * ROW_STRIDE, given (Flags.SEED_GIVEN) as its low and high 32 bits."""
+    if FLAGS.SEED_GIVEN:
+        given = (seed_high.to(tl.uint32).to(tl.uint64) << 32) | seed_low.to(tl.uint32).to(tl.uint64)
+        seed = given + at.b.to(tl.uint64) * ROW_STRIDE
+    elif FLAGS.SHARED_SEED:
+        shared = tl.load(requests.seeds + at.b * 0, mask=at.valid, other=0).to(tl.uint64, bitcast=True)
+        seed = shared + at.b.to(tl.uint64) * ROW_STRIDE
+    else:
+        seed = tl.load(requests.seeds + at.b, mask=at.valid, other=0).to(tl.uint64, bitcast=True)
+    return seed + at.j.to(tl.uint64)
+
+
+@triton.jit
+def row_roles(requests, at, greedy, truncation, V, HAS_RELAXED: tl.constexpr):
+    """What each row (Position) does (Roles): greedy rows take the argmax, relaxed ones (HAS_RELAXED: drafted
+    rows of thinking requests) the relaxed rule, the others a draw, truncated or not (Truncation)."""
+    relaxed = at.row < 0
+    if HAS_RELAXED:
+        relaxed = at.drafted & ~greedy & (tl.load(requests.thinking + at.b, mask=at.valid, other=0) != 0)
+    sampled = at.valid & ~greedy & ~relaxed
+    limited, nucleus = truncated_rows(truncation, sampled, V)
+    truncating = limited | nucleus | (sampled & (truncation.floor > 0))
+    return Roles(greedy, relaxed, sampled, limited, nucleus, truncating, sampled & ~truncating)
+
+
+@triton.jit
+def sift_candidates(weights, first, truncation, roles, scratch, SHAPE: tl.constexpr):
+    """The kept set of truncating rows from candidates (pass 2 on): compact lists the weights of a region
+    (from candidate_bound: the whole kept set where it fits, else a top-p row's boundary region, with the
+    weights above it sure) and resolve_candidates finds the threshold on them; a top-p row whose region did
+    not decide it refines the region (refine_region) for up to LEVELS passes -> (threshold int64 [R],
+    candidates float32 [R, C], columns int64 [R, C], decided, listed (the candidates are the kept set),
+    bool [R], sums float64 [R, TILES]: first_pass's, with the kept tile sums of rows decided with a sure part)."""
+    ROWS: tl.constexpr = SHAPE.ROWS
+    CANDIDATES: tl.constexpr = SHAPE.CANDIDATES
+    V = weights.logits.V
+    row = weights.row
+    bound, at_least = candidate_bound(first, truncation, roles)
+    finite = tl.abs(first.largest) < float("inf")
+    split = (
+        roles.nucleus & ~roles.limited & finite
+    )  # top-p rows: what lies above their boundary region is kept for sure
+    sifted = roles.truncating & finite & ((at_least <= CANDIDATES) | split)
+    hi = tl.where(split & (at_least > CANDIDATES), sure_bound(first.masses, first.lead, truncation.top_p), ONE_UP)
+    threshold = tl.zeros([ROWS], tl.int64)
+    candidates = tl.zeros([ROWS, CANDIDATES], tl.float32)
+    columns = tl.zeros([ROWS, CANDIDATES], tl.int64)
+    decided = row < 0
+    listed = row < 0
+    pinned = row < 0
+    sums = first.sums
+    for _level in range(LEVELS):
+        if any_row(sifted):
+            region = Region(bound, hi)
+            tl.debug_barrier()  # the previous level's candidates have been read
+            compacted = compact(weights, sifted, region, split, scratch, SHAPE)
+            tl.debug_barrier()  # the candidates written above are read back by other threads of the program
+            above = in_order(compacted.sure, V, SHAPE.TILE)
+            found, resolved, kept, at, target = resolve_candidates(
+                scratch, sifted, compacted, truncation, roles, region, above, SHAPE
+            )
+            now = sifted & (resolved | pinned)
+            threshold = tl.where(now, tl.where(pinned, bound, found), threshold)
+            candidates = tl.where(now[:, None], kept, candidates)
+            columns = tl.where(now[:, None], at, columns)
+            listed = listed | (now & (hi == ONE_UP))  # nothing sure: the candidates are the kept set
+            if any_row(now & (hi < ONE_UP)):
+                sure_sums = candidate_tile_sums(compacted.sure, kept, at, V, SHAPE.TILE)
+                sums = tl.where((now & (hi < ONE_UP))[:, None], sure_sums, sums)
+            decided = decided | now
+            bound, hi, narrowed, pinned = refine_region(compacted, above, target, bound, truncation.floor)
+            sifted = sifted & split & ~now & narrowed
+    return threshold, candidates, columns, decided, listed, sums
+
+
+@triton.jit
+def kept_set(weights, valid, first, truncation, roles, scratch, SHAPE: tl.constexpr):
+    """Each sampled row's kept set and its mass (KeptSet): rows without truncation by first_pass's tile sums,
+    truncating ones on candidates (sift_candidates), or where those do not decide it, by the radix search
+    of kept_threshold and one more pass for the tile sums."""
+    threshold, candidates, columns, decided, listed, sums = sift_candidates(
+        weights, first, truncation, roles, scratch, SHAPE
+    )
+    searched = roles.truncating & ~decided
+    threshold = tl.where(decided, threshold, 0)
+    if any_row(searched):
+        found_threshold = kept_threshold(weights, valid, truncation, searched, SHAPE.SEARCH)
+        threshold = tl.where(searched, found_threshold, threshold)
+        sums = tile_sums(weights, searched, threshold, sums, SHAPE.TILE)
+    in_tiles = in_order(sums, weights.logits.V, SHAPE.TILE)
+    mass = tl.where(listed, tl.sum(candidates.to(tl.float64), axis=1), in_tiles)
+    return KeptSet(threshold, candidates, columns, listed, sums, mass)
+
+
+@triton.jit
+def judge_draft(weights, draft, key, kept, recovery):
+    """SPEC §3.1 for sampled drafts at judged rows (Recovery): accept where coin * q(draft) < p~(draft) (a
+    draft q gives no mass is judged with q = 1 and left out of the recovery) -> (accepted bool [R], the
+    Recovery they draw from if rejected, with its scale, use_q and excluded)."""
+    judged = recovery.judged
+    x_draft = load_logit_at(weights.logits, weights.row, draft, judged)
+    w_draft = tl.exp((x_draft - weights.top) * weights.inverse)
+    w_draft = tl.where(order_bits(w_draft, judged) >= kept.threshold, w_draft, 0.0)
+    mass = kept.mass
+    p_draft = tl.div_rn(w_draft, tl.where(judged, mass, 1.0).to(tl.float32)).to(tl.float64)
+    present = judged & (draft >= 0)
+    q_at = recovery.probs + recovery.q_row * weights.logits.V + tl.where(present, draft, 0)
+    q_draft = tl.load(q_at, mask=present, other=0.0).to(tl.float32).to(tl.float64)
+    blind = q_draft <= 0
+    coin = keyed_uniform(key, STREAM_ACCEPT)
+    accepted = present & ~(coin * tl.where(blind, 1.0, q_draft) >= p_draft)
+    scale = tl.where(judged, (1.0 / tl.where(mass > 0, mass, 1.0)).to(tl.float32), 0.0)
+    excluded = tl.where(present & blind, draft, -1)
+    return accepted, Recovery(recovery.probs, recovery.q_row, judged, scale, present & ~blind, excluded)
+
+
+@triton.jit
+def recovery_mass(weights, kept, recovery, tiled, SHAPE: tl.constexpr):
+    """The mass of what judged rows (Recovery) draw from if rejected: the residual's (q read where p~ is not
+    0: elsewhere the residual is 0), or p~ without the draft where the residual has none; on the candidates
+    of listed rows, by one more pass of logits and q for `tiled` ones -> (Recovery with use_q where the
+    residual has mass, q at the candidates float32 [R, C], KeptSet with those rows' tile sums, total
+    float64 [R]: the mass the draw's target is a share of)."""
+    V = weights.logits.V
+    judged = recovery.judged
+    candidates = kept.candidates
+    columns = kept.columns
+    q_at = recovery.probs + recovery.q_row[:, None] * V + columns
+    listed_q = tl.load(q_at, mask=(kept.listed & judged)[:, None] & (candidates > 0), other=0.0).to(tl.float32)
+    terms = residual_terms(candidates, listed_q, columns, recovery)
+    residual = tl.sum(terms.to(tl.float64), axis=1)
+    without = tl.sum(tl.where(columns == recovery.excluded[:, None], 0.0, candidates).to(tl.float64), axis=1)
+    residual_sums = kept.sums
+    without_sums = kept.sums
+    walked = judged & tiled
+    if any_row(walked):
+        residual_sums, without_sums = residual_tile_sums(
+            weights, walked, kept.threshold, recovery, SHAPE.TILES, SHAPE.TILE
+        )
+        residual = tl.where(walked, in_order(residual_sums, V, SHAPE.TILE), residual)
+        without = tl.where(walked, in_order(without_sums, V, SHAPE.TILE), without)
+    use_q = recovery.use_q & (residual > 0)
+    sums = tl.where(walked[:, None], tl.where(use_q[:, None], residual_sums, without_sums), kept.sums)
+    total = tl.where(judged, tl.where(use_q, residual, without), kept.mass)
+    recovery = Recovery(recovery.probs, recovery.q_row, judged, recovery.scale, use_q, recovery.excluded)
+    kept = KeptSet(kept.threshold, candidates, columns, kept.listed, sums, kept.mass)
+    return recovery, listed_q, kept, total
+
+
+@triton.jit
+def draw(weights, kept, tiled, target, recovery, listed_q, SAMPLED: tl.constexpr, TILE: tl.constexpr):
+    """The inverse-CDF draw of each sampled row at `target` (float64 [R]) from its kept set (KeptSet; SAMPLED:
+    the recovery's terms for judged rows, Recovery, q at the candidates listed_q): `tiled` rows by a walk
+    over tiles, listed ones over their candidates -> int64 [R] (0 for other rows)."""
+    drawn = tl.zeros_like(weights.row)
+    if any_row(tiled):
+        drawn = walk_tiles(weights, tiled, kept, target, recovery, SAMPLED, TILE)
+    if any_row(kept.listed):
+        terms = kept.candidates
+        if SAMPLED:
+            terms = residual_terms(kept.candidates, listed_q, kept.columns, recovery)
+        nothing = tl.zeros(target.shape, tl.float64)
+        zero = tl.zeros_like(weights.row)
+        _, token, found, last = walk_tile(terms, kept.columns, target, nothing, zero, weights.row < 0, zero - 1)
+        drawn = tl.where(kept.listed, tl.where(found, token, tl.maximum(last, 0)), drawn)
+    return drawn
+
+
+@triton.jit
+def store_outputs(outputs, at, committed, accepted, K):
+    """Write each drafted row's committed token to recovered [B, K], the bonus row's to bonus [B], and lower
+    first [B] to the row's position where its draft is rejected (Outputs, Position)."""
+    tl.store(outputs.recovered + at.b * K + at.j, committed, mask=at.drafted)
+    tl.store(outputs.bonus + at.b, committed, mask=at.valid & (at.j == K))
+    tl.atomic_min(outputs.first + at.b, at.j, mask=at.drafted & ~accepted)
+
+
 @triton.jit(do_not_specialize=["seed_low", "seed_high"])
 def verify_kernel(
-    x_ptr,
-    m_ptr,
-    t_ptr,
-    k_ptr,
-    p_ptr,
-    mp_ptr,
-    seed_ptr,
-    seed_low,
-    seed_high,
-    d_ptr,
-    think_ptr,
-    q_ptr,
-    c_ptr,
-    first_ptr,
-    recovered_ptr,
-    bonus_ptr,
-    batch,
-    K,
-    V,
-    W,
-    greedy_below,
-    rtol,
-    relaxed_k,
-    relaxed_delta,
-    HAS_MASK: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
-    SHARED_SEED: tl.constexpr,
-    SEED_GIVEN: tl.constexpr,
-    HAS_RELAXED: tl.constexpr,
-    SAMPLED: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE: tl.constexpr,
-    SEARCH: tl.constexpr,
-    TILES: tl.constexpr,
-    CANDIDATES: tl.constexpr,
+    logits,  # Logits: data float [B*(K+1), V], words int32 [B*(K+1), W], V, W
+    requests,  # Requests: temperature, top_k, top_p, min_p, seeds, thinking, [B] each
+    drafts,  # Drafts: tokens int64 [B, K], probs float [B, K, V], B, K
+    outputs,  # Outputs: first int64 [B], recovered int64 [B, K], bonus int64 [B], candidates int64 scratch
+    settings,  # Settings: greedy_below, rtol, relaxed_k, relaxed_delta
+    seed_low,  # int32: the low 32 bits of a given shared seed (Flags.SEED_GIVEN)
+    seed_high,  # int32: its high 32 bits
+    FLAGS: tl.constexpr,  # Flags: HAS_MIN_P, SHARED_SEED, SEED_GIVEN, HAS_RELAXED, SAMPLED
+    SHAPE: tl.constexpr,  # Shape: ROWS, TILE, SEARCH, TILES, CANDIDATES
 ):
-    """A whole verifier call (SPEC §1-§5), one row per (request b, position j <= K), for checked arguments:
-    logits [B*(K+1), V] (any float dtype, read as it is), grammar words [B*(K+1), W], per-request
-    parameters [B], seeds ([B], or one shared: row b uses s + b * ROW_STRIDE; SEED_GIVEN: the shared one
-    as arguments, its low and high 32 bits as int32), drafts [B, K] (ids outside
-    [0, V) and everything after them are padding), thinking flags [B] (int8), draft probabilities
-    [B, K, V] (SAMPLED), scratch for CANDIDATES candidates per row (int64 [B*(K+1), CANDIDATES]). Writes
-    recovered [B, K], bonus [B] and first [B] (set to K before the launch: each rejection lowers it with
-    an atomic min).
+    """A whole verifier call (SPEC §1-§5), one row per (request b, position j <= K), for checked arguments
+    (kernels/triton/groups.py names and shapes every one). Writes recovered [B, K], bonus [B] and first [B]
+    (set to K before the launch: each rejection lowers it with an atomic min).
 
     Reads: pass 1 (first_pass) for every row; rows without truncation take their mass from its tile sums
     (rescaled there as the maximum grows, no re-read) and walk only the tile their draw lands in (rarely
@@ -1046,263 +1066,50 @@ def verify_kernel(
     logit is not finite) the radix search of kept_threshold runs, then the tile walk.
     Sampled drafts read q at the draft, and over the candidates or (rows walked by tiles) one more pass of
     logits and q for the residual's mass."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    per_request = K + 1
-    valid = row < batch * per_request
-    b = row // per_request
-    j = row % per_request
-    drafted = valid & (j < K)
-
-    # the draft at j, or -1 when it or an earlier one is not an id
-    draft = tl.load(d_ptr + b * K + j, mask=drafted, other=-1).to(tl.int64)
-    padded = ~drafted
-    for i in range(0, K):
-        earlier = tl.load(d_ptr + b * K + i, mask=drafted & (i <= j), other=0).to(tl.int64)
-        padded = padded | ((i <= j) & ((earlier < 0) | (earlier >= V)))
-    draft = tl.where(padded, -1, draft)
-
-    # keys s_b + j
-    if SEED_GIVEN:
-        given = (seed_high.to(tl.uint32).to(tl.uint64) << 32) | seed_low.to(tl.uint32).to(tl.uint64)
-        seed = given + b.to(tl.uint64) * ROW_STRIDE
-    elif SHARED_SEED:
-        seed = tl.load(seed_ptr + b * 0, mask=valid, other=0).to(tl.uint64, bitcast=True) + b.to(tl.uint64) * ROW_STRIDE
-    else:
-        seed = tl.load(seed_ptr + b, mask=valid, other=0).to(tl.uint64, bitcast=True)
-    key = seed + j.to(tl.uint64)
-
-    temperature = tl.load(t_ptr + b, mask=valid, other=1.0).to(tl.float32)
-    greedy = temperature < greedy_below
-    inverse = tl.where(greedy, 1.0, tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.where(greedy, 1.0, temperature)))
-    relaxed = row < 0
-    if HAS_RELAXED:
-        relaxed = drafted & ~greedy & (tl.load(think_ptr + b, mask=valid, other=0) != 0)
-    sampled_rows = valid & ~greedy & ~relaxed
-    top_k = tl.load(k_ptr + b, mask=valid, other=0).to(tl.int64)
-    top_p = tl.load(p_ptr + b, mask=valid, other=1.0).to(tl.float32)
-    min_p = tl.zeros([ROWS], tl.float32)
-    floor = tl.zeros([ROWS], tl.int64)
-    if HAS_MIN_P:
-        min_p = tl.load(mp_ptr + b, mask=valid, other=0.0).to(tl.float32)
-        floor = (min_p * (1.0 - rtol)).to(tl.int32, bitcast=True).to(tl.int64)
-    limited = sampled_rows & (top_k > 0) & (top_k < V)
-    nucleus = sampled_rows & (top_p < 1.0)
-    truncating = limited | nucleus | (sampled_rows & (floor > 0))
-    plain = sampled_rows & ~truncating
+    at = positions_of(drafts, SHAPE.ROWS)
+    draft = draft_at(drafts, at, logits.V)
+    key = row_keys(requests, at, seed_low, seed_high, FLAGS)
+    greedy, inverse = temper(requests.temperature, at.b, at.valid, settings.greedy_below)
+    truncation = load_truncation(requests, at.b, at.valid, settings.rtol, FLAGS.HAS_MIN_P)
+    roles = row_roles(requests, at, greedy, truncation, logits.V, FLAGS.HAS_RELAXED)
 
     # the kept set and its mass: rows without truncation by their tile sums, truncating ones on candidates
-    largest, best, top, sums, counts, masses, lead, deepest = first_pass(
-        x_ptr, row, valid, V, m_ptr, W, inverse, plain, truncating, HAS_MASK, ROWS, TILE, TILES
-    )
-    bound, at_least = candidate_bound(counts, masses, lead, deepest, top_k, top_p, limited, nucleus, floor)
-    finite = tl.abs(largest) < float("inf")
-    split = nucleus & ~limited & finite  # top-p rows: what lies above their boundary region is kept for sure
-    sifted = truncating & finite & ((at_least <= CANDIDATES) | split)
-    hi = tl.where(split & (at_least > CANDIDATES), sure_bound(masses, lead, top_p), ONE_UP)
-    threshold = tl.zeros([ROWS], tl.int64)
-    candidates = tl.zeros([ROWS, CANDIDATES], tl.float32)
-    columns = tl.zeros([ROWS, CANDIDATES], tl.int64)
-    decided = row < 0
-    listed = row < 0
-    pinned = row < 0
-    for _level in range(LEVELS):
-        if tl.max(sifted.to(tl.int32), axis=0) > 0:
-            tl.debug_barrier()  # the previous level's candidates have been read
-            row_mass, positives, count, sure, cut, least, most = compact(
-                x_ptr,
-                row,
-                sifted,
-                V,
-                m_ptr,
-                W,
-                top,
-                inverse,
-                bound,
-                hi,
-                split,
-                c_ptr,
-                HAS_MASK,
-                ROWS,
-                SEARCH,
-                TILE,
-                TILES,
-                CANDIDATES,
-            )
-            tl.debug_barrier()  # the candidates written above are read back by other threads of the program
-            above = in_order(sure, V, ROWS, TILE, TILES)
-            found, resolved, kept, at, target = resolve_candidates(
-                c_ptr,
-                row,
-                sifted,
-                count,
-                positives,
-                row_mass,
-                top_k,
-                top_p,
-                floor,
-                rtol,
-                limited,
-                nucleus,
-                bound,
-                hi,
-                above,
-                CANDIDATES,
-            )
-            now = sifted & (resolved | pinned)
-            threshold = tl.where(now, tl.where(pinned, bound, found), threshold)
-            candidates = tl.where(now[:, None], kept, candidates)
-            columns = tl.where(now[:, None], at, columns)
-            listed = listed | (now & (hi == ONE_UP))  # nothing sure: the candidates are the kept set
-            if tl.max((now & (hi < ONE_UP)).to(tl.int32), axis=0) > 0:
-                sums = tl.where(
-                    (now & (hi < ONE_UP))[:, None], candidate_tile_sums(sure, kept, at, V, TILE, TILES), sums
-                )
-            decided = decided | now
-            bound, hi, narrowed, pinned = refine_region(above, cut, least, most, target, bound, floor)
-            sifted = sifted & split & ~now & narrowed
-    tiled = sampled_rows & ~listed
-    searched = truncating & ~decided
-    threshold = tl.where(decided, threshold, 0)
-    if tl.max(searched.to(tl.int32), axis=0) > 0:
-        found_threshold = kept_threshold(
-            x_ptr,
-            row,
-            valid,
-            V,
-            m_ptr,
-            W,
-            top,
-            inverse,
-            top_k,
-            top_p,
-            min_p,
-            rtol,
-            searched,
-            HAS_MASK,
-            HAS_MIN_P,
-            ROWS,
-            SEARCH,
-        )
-        threshold = tl.where(searched, found_threshold, threshold)
-        sums = tile_sums(x_ptr, row, searched, V, m_ptr, W, top, inverse, threshold, sums, HAS_MASK, TILE, TILES)
-    mass = tl.where(listed, tl.sum(candidates.to(tl.float64), axis=1), in_order(sums, V, ROWS, TILE, TILES))
+    first = first_pass(logits, at.row, at.valid, inverse, roles, SHAPE)
+    weights = Weights(logits, at.row, first.top, inverse)
+    kept = kept_set(weights, at.valid, first, truncation, roles, Scratch(outputs.candidates, at.row), SHAPE)
+    tiled = roles.sampled & ~kept.listed
 
     # what each row draws from: p~ with the target stream, or (sampled drafts) the recovery
     uniform = keyed_uniform(key, STREAM_TARGET)
-    total = mass
-    accepted = sampled_rows & (draft >= 0)  # judged below; argmax mode: the draw decides
-    scale = tl.zeros([ROWS], tl.float32)
-    use_q = row < 0
-    excluded = tl.full([ROWS], -1, tl.int64)
-    q_row = b * K + j
-    judged = sampled_rows & (j < K)
-    listed_q = tl.zeros_like(candidates)
-    if SAMPLED:
-        x_draft = load_logit_at(x_ptr, row, draft, judged, V, m_ptr, W, HAS_MASK)
-        w_draft = tl.exp((x_draft - top) * inverse)
-        w_draft = tl.where(order_bits(w_draft, judged) >= threshold, w_draft, 0.0)
-        p_draft = tl.div_rn(w_draft, tl.where(judged, mass, 1.0).to(tl.float32)).to(tl.float64)
-        present = judged & (draft >= 0)
-        q_draft = (
-            tl.load(q_ptr + q_row * V + tl.where(present, draft, 0), mask=present, other=0.0)
-            .to(tl.float32)
-            .to(tl.float64)
-        )
-        blind = q_draft <= 0
-        coin = keyed_uniform(key, STREAM_ACCEPT)
-        accepted = present & ~(coin * tl.where(blind, 1.0, q_draft) >= p_draft)
-        use_q = present & ~blind
-        excluded = tl.where(present & blind, draft, -1)
-        scale = tl.where(judged, (1.0 / tl.where(mass > 0, mass, 1.0)).to(tl.float32), 0.0)
+    judged = roles.sampled & (at.j < drafts.K)
+    no_recovery = Recovery(
+        drafts.probs,
+        at.b * drafts.K + at.j,
+        judged,
+        tl.zeros_like(inverse),
+        at.row < 0,
+        tl.full(at.row.shape, -1, tl.int64),
+    )
+    accepted, recovery = roles.sampled & (draft >= 0), no_recovery  # judged below; argmax mode: the draw decides
+    listed_q = tl.zeros_like(kept.candidates)
+    total = kept.mass
+    if FLAGS.SAMPLED:
+        accepted, recovery = judge_draft(weights, draft, key, kept, no_recovery)
         uniform = tl.where(judged, keyed_uniform(key, STREAM_RESIDUAL), uniform)
-        # the residual's mass (q read where p~ is not 0: elsewhere the residual is 0)
-        listed_q = tl.load(
-            q_ptr + q_row[:, None] * V + columns, mask=(listed & judged)[:, None] & (candidates > 0), other=0.0
-        ).to(tl.float32)
-        terms = residual_terms(candidates, listed_q, scale, columns, use_q, excluded)
-        residual = tl.sum(terms.to(tl.float64), axis=1)
-        without = tl.sum(tl.where(columns == excluded[:, None], 0.0, candidates).to(tl.float64), axis=1)
-        residual_sums = sums
-        without_sums = sums
-        walked = judged & tiled
-        if tl.max(walked.to(tl.int32), axis=0) > 0:
-            residual_sums, without_sums = residual_tile_sums(
-                x_ptr,
-                row,
-                walked,
-                V,
-                m_ptr,
-                W,
-                top,
-                inverse,
-                threshold,
-                q_ptr,
-                q_row,
-                scale,
-                use_q,
-                excluded,
-                HAS_MASK,
-                ROWS,
-                TILE,
-                TILES,
-            )
-            residual = tl.where(walked, in_order(residual_sums, V, ROWS, TILE, TILES), residual)
-            without = tl.where(walked, in_order(without_sums, V, ROWS, TILE, TILES), without)
-        use_q = use_q & (residual > 0)
-        sums = tl.where(walked[:, None], tl.where(use_q[:, None], residual_sums, without_sums), sums)
-        total = tl.where(judged, tl.where(use_q, residual, without), mass)
+        recovery, listed_q, kept, total = recovery_mass(weights, kept, recovery, tiled, SHAPE)
 
     # the draw (not for greedy rows: their token is the argmax; nor relaxed positions: their top-1)
-    target = uniform * total
-    drawn = tl.zeros([ROWS], tl.int64)
-    if tl.max(tiled.to(tl.int32), axis=0) > 0:
-        drawn = walk_tiles(
-            x_ptr,
-            row,
-            tiled,
-            V,
-            m_ptr,
-            W,
-            top,
-            inverse,
-            threshold,
-            sums,
-            target,
-            q_ptr,
-            q_row,
-            judged,
-            scale,
-            use_q,
-            excluded,
-            HAS_MASK,
-            SAMPLED,
-            ROWS,
-            TILE,
-            TILES,
-        )
-    if tl.max(listed.to(tl.int32), axis=0) > 0:
-        terms = candidates
-        if SAMPLED:
-            terms = residual_terms(candidates, listed_q, scale, columns, use_q, excluded)
-        nothing = tl.zeros([ROWS], tl.float64)
-        zero = tl.zeros([ROWS], tl.int64)
-        _, token, found, last = walk_tile(terms, columns, target, nothing, zero, row < 0, zero - 1)
-        drawn = tl.where(listed, tl.where(found, token, tl.maximum(last, 0)), drawn)
-
-    if SAMPLED:
+    drawn = draw(weights, kept, tiled, uniform * total, recovery, listed_q, FLAGS.SAMPLED, SHAPE.TILE)
+    committed = drawn
+    if FLAGS.SAMPLED:
         committed = tl.where(accepted, draft, drawn)
     else:
         accepted = (draft >= 0) & (draft == drawn)
-        committed = drawn
-    committed = tl.where(greedy, best, committed)
-    accepted = tl.where(greedy, (draft >= 0) & (draft == best), accepted)
-    if HAS_RELAXED:
-        judged = relaxed_judge(
-            x_ptr, row, valid, V, m_ptr, W, draft, largest, relaxed_k, relaxed_delta, relaxed, HAS_MASK, ROWS, TILE
-        )
-        committed = tl.where(relaxed, tl.where(judged, draft, best), committed)
-        accepted = tl.where(relaxed, judged, accepted)
-
-    tl.store(recovered_ptr + b * K + j, committed, mask=drafted)
-    tl.store(bonus_ptr + b, committed, mask=valid & (j == K))
-    tl.atomic_min(first_ptr + b, j, mask=drafted & ~accepted)
+    committed = tl.where(greedy, first.best, committed)
+    accepted = tl.where(greedy, (draft >= 0) & (draft == first.best), accepted)
+    if FLAGS.HAS_RELAXED:
+        k, delta = settings.relaxed_k, settings.relaxed_delta
+        judged = relaxed_judge(logits, at.row, draft, first.largest, roles.relaxed, k, delta, SHAPE.TILE)
+        committed = tl.where(roles.relaxed, tl.where(judged, draft, first.best), committed)
+        accepted = tl.where(roles.relaxed, judged, accepted)
+    store_outputs(outputs, at, committed, accepted, drafts.K)

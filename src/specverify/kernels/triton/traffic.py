@@ -3,7 +3,8 @@ and the torch ops a call runs beside them.
 
 Inside `metered()`, every interpreted launch (CPU tensors, TRITON_INTERPRET=1) is recorded with the bytes
 its loads and stores move where their mask is on, per pointer argument of the kernel (an address is
-charged to the argument whose storage holds it, the first one where several share a storage); an atomic
+charged to the argument whose storage holds it, the first one where several share a storage; a tensor in
+an argument group, a NamedTuple, is named `group.field`, as `logits.data`); an atomic
 counts as a load and a store of its word. Every torch op run outside a launch is recorded by name: on a
 GPU each is a launch of its own unless it is a view or an uninitialised allocation (`TorchOps.launches`).
 `Traffic.passes(logits)` is the bytes loaded over the bytes of the logits: how many times a call reads
@@ -115,6 +116,15 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _tensors(arguments: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for each tensor argument in order, those in a group (a NamedTuple) named group.field."""
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor):
+            yield name, value
+        elif isinstance(value, tuple) and hasattr(value, "_fields"):
+            yield from _tensors({f"{name}.{field}": item for field, item in zip(value._fields, value)})
+
+
 @contextlib.contextmanager
 def metered() -> Iterator[Traffic]:
     """Count the traffic of every interpreted Triton launch (and the torch ops) inside the block. Raises
@@ -150,9 +160,8 @@ def metered() -> Iterator[Traffic]:
     def call(self, *args, **kwargs):
         bound = {**dict(zip(self.arg_names, args)), **kwargs}
         storages: dict[int, str] = {}
-        for name, value in bound.items():  # the first argument on each storage is charged for it
-            if isinstance(value, torch.Tensor):
-                storages.setdefault(value.untyped_storage().data_ptr(), name)
+        for name, value in _tensors(bound):  # the first argument on each storage is charged for it
+            storages.setdefault(value.untyped_storage().data_ptr(), name)
         starts = np.array(sorted(storages), dtype=np.uint64)
         launch = Launch(self.fn.__name__)
         traffic.launches.append(launch)

@@ -52,30 +52,22 @@ def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.
     )
 
 
-def drawn_stage(
-    draft: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seeds: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    reads_host: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def drawn_stage(rows: chain.Rows, reads_host: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """stages.chain.weighed_verdicts in fused draws (chain.StochasticStage; reads_host changes nothing
     here): the same verdicts bit for bit, each row weighed and drawn inside one kernel (_target_draws), the
-    uniforms of every stream keyed there, the weights written out only where sampled mode hands a large
-    kept set to the recovery."""
+    uniforms of every stream keyed there, the weights written out only where sampled mode hands a large kept
+    set to the recovery."""
+    draft, masked, seeds, draft_probs = rows.draft, rows.masked, rows.seeds, rows.draft_probs
+    params = (rows.temperature, rows.top_k, rows.top_p, rows.min_p)
     batch, positions = draft.shape
     vocab = masked.shape[-1]
     per_position = positions + 1
-    rows = masked.reshape(-1, vocab)
+    logits = masked.reshape(-1, vocab)
     if draft_probs is None:
-        tokens = _target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds).view(batch, per_position)
+        tokens = _target_draws(logits, per_position, *params, seeds).view(batch, per_position)
         accepted, recovered = argmax_verdict(draft, tokens[:, :positions])
         return accepted, recovered, tokens[:, positions]
-    drawn = _target_draws(rows, per_position, temperature, top_k, top_p, min_p, seeds, draft)
+    drawn = _target_draws(logits, per_position, *params, seeds, draft)
     tokens, at_draft, accept_uniforms, sums, kept = drawn
     target_mass = total_weight(sums.view(batch, per_position, sums.shape[-1]))[:, :positions]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)

@@ -30,9 +30,29 @@ from .categorical import sample_from_weights
 from .rules import argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, sampled_verdict
 from .weights import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
 
-#: A backend's stage for the rows sampled from p~: (draft, masked, temperature, top_k, top_p, min_p, seeds,
-#: draft_probs, reads_host) -> (accepted bool [R, K], recovered int64 [R, K], bonus int64 [R]).
-StochasticStage = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows a rule judges: a chain call's checked inputs, restricted to them."""
+
+    draft: torch.Tensor  # int64 [R, K], -1 from a row's first non-id on
+    masked: torch.Tensor  # float [R, K + 1, V], the grammar mask applied
+    temperature: torch.Tensor  # float [R]
+    top_k: torch.Tensor  # int [R]
+    top_p: torch.Tensor  # float [R]
+    min_p: torch.Tensor | None  # float [R]
+    draft_probs: torch.Tensor | None  # float [R, K, V] (sampled drafts) or None
+    seeds: torch.Tensor | None = None  # int64 [R], s_r: position j keyed by s_r + j (None until a rule samples)
+
+    def pick(self, index: torch.Tensor | None, seeds: torch.Tensor | None = None) -> Rows:
+        """These rows restricted to `index` (sorted, distinct; None: all), with `seeds` [R] for every row."""
+        fields = (self.draft, self.masked, self.temperature, self.top_k, self.top_p, self.min_p, self.draft_probs)
+        return Rows(*(_pick(t, index) for t in fields), seeds=_pick(seeds, index))
+
+
+#: A backend's stage for the rows sampled from p~: (rows, reads_host) -> (accepted bool [R, K], recovered
+#: int64 [R, K], bonus int64 [R]).
+StochasticStage = Callable[[Rows, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -60,11 +80,10 @@ def verify_chain(call: ChainCall, ops: Ops, stochastic: StochasticStage | None =
     params = (call.temperature, call.top_k, call.top_p, call.min_p)
     if call.host is not None and call.host.draft is not None:
         return verify_read(ops, call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
-    plan = _plan(call)
     draft = _draft_or_padding(call.draft_tokens, masked.shape[-1]) if positions else call.draft_tokens.to(torch.int64)
-    seed = (call.seed, call.shared_seed)
+    rows = Rows(draft, masked, *params, call.draft_probs)
     stochastic = stochastic or functools.partial(weighed_verdicts, ops)
-    return _verify(ops, draft, masked, *params, seed, plan, call.relaxed, call.draft_probs, stochastic)
+    return _verify(ops, rows, (call.seed, call.shared_seed), _plan(call), call.relaxed, stochastic)
 
 
 def _plan(call: ChainCall) -> _Plan:
@@ -116,27 +135,21 @@ def _draft_or_padding(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def _verify(
     ops: Ops,
-    draft: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
+    every: Rows,
     seed: tuple[int | torch.Tensor, bool],
     plan: _Plan,
     relaxed: Relaxed | None,
-    draft_probs: torch.Tensor | None,
     stochastic: StochasticStage,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verdicts of every row for checked arguments. draft: int64 [B, K]; masked: [B, K+1, V]; seed: the
-    checked seed and whether it is shared (checks.check_seed), spread to rows only where a row samples;
-    stochastic: the backend's stage for the rows sampled from p~ (weighed_verdicts, or a fused one).
+    """The verdicts of every row for checked arguments. every: the call's rows [B]; seed: the checked seed
+    and whether it is shared (checks.check_seed), spread to rows only where a row samples; stochastic: the
+    backend's stage for the rows sampled from p~ (weighed_verdicts, or a fused one).
 
     Each rule runs on the rows the plan gives it (all rows when the plan does not know); every
     computation is row-independent, so a row's outputs do not depend on which rows ran beside it.
     """
-    batch, positions = draft.shape
-    device = masked.device
+    batch, positions = every.draft.shape
+    device = every.masked.device
     outputs = None  # (accepted bool [B, K], recovered int64 [B, K], bonus int64 [B]), zeros until a rule writes
 
     rows = plan.stochastic_rows
@@ -147,26 +160,21 @@ def _verify(
     greedy_done = rows is None
     if _any(rows):
         index = _index(rows, batch, device)
-        seeds = per_row_seeds(*seed, batch, device)
-        parts = stochastic(
-            *(_pick(t, index) for t in (draft, masked, temperature, top_k, top_p, min_p, seeds)),
-            _pick(draft_probs, index),
-            plan.reads_host,
-        )
+        parts = stochastic(every.pick(index, per_row_seeds(*seed, batch, device)), plan.reads_host)
         outputs = _merge(outputs, parts, index, None, batch)
 
     rows = plan.relaxed_rows
     if relaxed is not None and _any(rows):
         index = _index(rows, batch, device)
-        parts = relaxed_verdict(ops, _pick(draft, index), _pick(masked, index), relaxed.topk, relaxed.delta)
-        thinking = relaxed.thinking & ~is_greedy(temperature) if rows is None else None
+        parts = relaxed_verdict(ops, _pick(every.draft, index), _pick(every.masked, index), relaxed.topk, relaxed.delta)
+        thinking = relaxed.thinking & ~is_greedy(every.temperature) if rows is None else None
         outputs = _merge(outputs, parts, index, thinking, batch)
 
     rows = plan.greedy_rows
     if not greedy_done and _any(rows):
         index = _index(rows, batch, device)
-        target_argmax = greedy_tokens(ops, _pick(masked, index))
-        parts = (*greedy_verdict(_pick(draft, index), target_argmax[:, :positions]), target_argmax[:, positions])
+        target_argmax = greedy_tokens(ops, _pick(every.masked, index))
+        parts = (*greedy_verdict(_pick(every.draft, index), target_argmax[:, :positions]), target_argmax[:, positions])
         outputs = _merge(outputs, parts, index, None, batch)
 
     accepted, recovered, bonus = outputs if outputs is not None else _zeros(batch, positions, device)
@@ -221,28 +229,18 @@ def _merge(
     return tuple(merged)
 
 
-def weighed_verdicts(
-    ops: Ops,
-    draft: torch.Tensor,
-    masked: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    seeds: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    reads_host: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SPEC §3.1/3.2 for the given rows, on the weights of weigh_rows: draft int64 [R, K]; masked [R, K+1, V];
-    params and seeds (int64) [R]; draft_probs float [R, K, V] or None; reads_host: the uniforms may be
-    keyed on the host (a validating call) -> (accepted bool [R, K], recovered int64 [R, K], bonus int64 [R])."""
+def weighed_verdicts(ops: Ops, rows: Rows, reads_host: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SPEC §3.1/3.2 for the given rows (their seeds set), on the weights of weigh_rows; reads_host: the
+    uniforms may be keyed on the host (a validating call) -> (accepted bool [R, K], recovered int64 [R, K],
+    bonus int64 [R])."""
+    draft, masked, seeds, draft_probs = rows.draft, rows.masked, rows.seeds, rows.draft_probs
     batch, positions = draft.shape
     vocab = masked.shape[-1]
     per_position = positions + 1
     weights, sums = truncated_weights(
         ops,
         masked.reshape(-1, vocab),
-        *(per_position_rows(t, per_position) for t in (temperature, top_k, top_p, min_p)),
+        *(per_position_rows(t, per_position) for t in (rows.temperature, rows.top_k, rows.top_p, rows.min_p)),
     )
     keys = row_keys(seeds, per_position)
     uniform = keyed_uniform_read if reads_host else keyed_uniform

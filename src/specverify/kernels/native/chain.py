@@ -36,9 +36,9 @@ def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """argmax_verdict and greedy_verdict (draft_probs None) or sampled_verdict for every row, with the first
-    rejection, in one kernel call: the keyed draws from p~
-    (a greedy row's argmax), the padding of drafts that are not ids and the keys s_b + j applied inside it,
-    the weights never written out but where sampled mode keeps a large kept set for its recovery.
+    rejection, in one kernel call: the keyed draws from p~ (a greedy row's argmax), the padding of drafts
+    that are not ids and the keys s_b + j applied inside it, the weights never written out but where
+    sampled mode keeps a large kept set for its recovery.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     masked = chain.masked_logits(call)
     params = (call.temperature, GREEDY_TEMPERATURE, call.top_k, call.top_p, call.min_p, BOUNDARY_RTOL)
@@ -72,7 +72,7 @@ def drawn_stage(rows: chain.Rows, reads_host: bool = False) -> tuple[torch.Tenso
     target_mass = total_weight(sums.view(batch, per_position, sums.shape[-1]))[:, :positions]
     accepted, mode = ratio_test(draft, at_draft, target_mass, draft_probs, accept_uniforms)
     drawn = native.recover_kept_rows(
-        kept, sums, target_mass, draft_probs, draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block_size(vocab)
+        kept, sums, target_mass, draft_probs, draft, mode, seeds, _CHAIN_SALTS[2], block_size(vocab)
     )
     return accepted, torch.where(accepted, draft, drawn), tokens.view(batch, per_position)[:, positions]
 
@@ -87,8 +87,8 @@ def _target_draws(
     seeds: torch.Tensor,
     draft: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
-    """The keyed target draws y from p~ of every row of a chain call, in one native.draw_rows call: the tokens that truncated_weights and sample_from_weights give, the weights never
-    written out. masked_logits: [B * per_position, V], row b * per_position + j keyed by seeds[b] + j
+    """The keyed target draws y from p~ of every row of a chain call, in one native.draw_rows call: the
+    tokens that truncated_weights and sample_from_weights give, the weights never written out. masked_logits: [B * per_position, V], row b * per_position + j keyed by seeds[b] + j
     (STREAM_TARGET); params and seeds (int64): per request [B] -> int64 [B * per_position]. With draft
     (int64 [B, per_position - 1], -1: none), sampled mode: also the draft tokens' weights, the ratio test's
     uniforms (STREAM_ACCEPT), the block sums and the kept weights for native.recover_kept_rows (a dense
@@ -106,8 +106,8 @@ def _target_draws(
         BOUNDARY_RTOL,
         block_size(vocab),
         seeds,
-        stream_salt(STREAM_TARGET),
+        _CHAIN_SALTS[0],
         draft,
-        stream_salt(STREAM_ACCEPT),
+        _CHAIN_SALTS[1],
         dense,
     )

@@ -65,7 +65,7 @@ def weigh_rows(logits, temperature, greedy_below, top_k, top_p, min_p, rtol, blo
     weights = _scaled_weights(x, temperature, greedy_below, out)
     truncated = _truncate(weights, top_k, top_p, min_p, rtol)
     one_hot = torch.zeros_like(truncated).scatter_(1, argmax_rows(x)[:, None], 1.0)
-    out.copy_(torch.where((temperature < greedy_below)[:, None], one_hot, truncated))
+    torch.where((temperature < greedy_below)[:, None], one_hot, truncated, out=out)
     sums = block_sums(out, block)
     return sums if source is None else sums.masked_fill_((source < 0)[:, None], 0.0)
 

@@ -4,7 +4,7 @@
 check (done by the caller) -> mask -> per rule, the rows it judges (known on the host when validating,
 else every row) -> the rule's verdicts (stochastic rows through the backend's stage: weighed_verdicts
 here, or the C kernels' fused draws) -> merged -> first rejection. A small argmax-mode call whose values
-were read to the host is judged on Python lists instead (verify_read).
+were read to the host is judged on Python lists instead (_verify_read).
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ def verify_chain(call: ChainCall, ops: Ops, stochastic: StochasticStage | None =
     """interface.WholeCallOps.verify_chain in stages over the backend's per-row ops. stochastic: the
     backend's stage for the rows sampled from p~ (None: weighed_verdicts on its weigh_rows and sample_rows)."""
     masked = masked_logits(call)
-    batch, positions = call.draft_tokens.shape
+    positions = call.draft_tokens.shape[1]
     params = (call.temperature, call.top_k, call.top_p, call.min_p)
     if call.host is not None and call.host.draft is not None:
-        return verify_read(ops, call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
+        return _verify_read(ops, call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
     draft = _draft_or_padding(call.draft_tokens, masked.shape[-1]) if positions else call.draft_tokens.to(torch.int64)
     rows = Rows(draft, masked, *params, call.draft_probs)
     stochastic = stochastic or functools.partial(weighed_verdicts, ops)
@@ -101,7 +101,7 @@ def _plan(call: ChainCall) -> _Plan:
     )
 
 
-def verify_read(
+def _verify_read(
     ops: Ops,
     draft: list[list[int]],
     masked: torch.Tensor,

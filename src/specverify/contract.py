@@ -28,6 +28,10 @@ DraftProposal = Literal["argmax", "sampled"]
 #: How drafts were proposed (SPEC §1): "argmax" (any deterministic drafter) or "sampled" (drawn from q).
 DRAFT_PROPOSALS: tuple[DraftProposal, ...] = ("argmax", "sampled")
 
+Verification = Literal["token", "block"]
+#: How sampled drafts are judged (SPEC §3.2, §3.6): each on its own, or the drafts of a row as a block.
+VERIFICATIONS: tuple[Verification, ...] = ("token", "block")
+
 SiblingDraws = Literal["with_replacement", "without_replacement"]
 #: How a sampled tree's siblings were drawn (SPEC §8).
 SIBLING_DRAWS: tuple[SiblingDraws, ...] = ("with_replacement", "without_replacement")

@@ -16,7 +16,7 @@ import torch
 
 from . import checks, kernels
 from .bitmask import apply_bitmask, num_words
-from .contract import DRAFT_PROPOSALS
+from .contract import DRAFT_PROPOSALS, VERIFICATIONS
 from .kernels.interface import ChainCall, HostValues, Relaxed
 from .rng import HOST_KEYS
 
@@ -96,6 +96,17 @@ def _check_relaxed(
     return in_thinking_phase, topk, delta
 
 
+def _check_verification(verification: object, draft_proposal: str) -> None:
+    """verification is "token" or "block", and "block" judges sampled drafts only (SPEC §3.6)."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" or "block" (got {verification!r})')
+    if verification == "block" and draft_proposal != "sampled":
+        raise ValueError(
+            f'verification="block" needs draft_proposal="sampled": argmax drafts are judged by SPEC §3.1 '
+            f'(got draft_proposal="{draft_proposal}")'
+        )
+
+
 def stochastic_acceptance_sampler(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
@@ -114,6 +125,7 @@ def stochastic_acceptance_sampler(
     vocab_size: int | None = None,
     *,
     min_p: torch.Tensor | None = None,
+    verification: str = "token",
     validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify K draft tokens per request against the target: how many to keep, what replaces the first
@@ -130,6 +142,9 @@ def stochastic_acceptance_sampler(
     in_thinking_phase: bool [B] or None, with relaxed_topk (int >= 1) and relaxed_delta (float >= 0).
     token_bitmasks: int32 [B, K+1, ceil(V/32)] or None. draft_proposal: "argmax" or "sampled";
     draft_probs_full: float [B, K, V], required for "sampled". vocab_size: optional, must equal V.
+    verification: "token" (each sampled draft judged alone, SPEC §3.2) or "block" (a row's sampled drafts
+    judged jointly, SPEC §3.6: at least as many accepted in expectation, the same law); "block" needs
+    draft_proposal="sampled".
     validate: check every value (SPEC §6); False skips the checks that read tensor data to the host.
 
     Returns int64 tensors on the device of target_logits: first_rejected_idx [B] (K when all accepted),
@@ -143,6 +158,7 @@ def stochastic_acceptance_sampler(
     vocab, device = logits.shape[-1], logits.device
     if draft_proposal not in DRAFT_PROPOSALS:
         raise ValueError(f'draft_proposal must be "argmax" or "sampled" (got {draft_proposal!r})')
+    _check_verification(verification, draft_proposal)
     if vocab_size is not None and checks.check_int("vocab_size", vocab_size) != vocab:
         raise ValueError(f"vocab_size must equal the logits' V = {vocab} (got {vocab_size})")
     temperature, top_k, top_p, min_p = checks.check_sampling_params(
@@ -196,5 +212,6 @@ def stochastic_acceptance_sampler(
         relaxed=None if in_thinking_phase is None else Relaxed(in_thinking_phase, relaxed_topk, relaxed_delta),
         draft_probs=draft_probs_full,
         host=HostValues(temperatures=host[0] if host else None, draft=draft_values) if validate else None,
+        block=verification == "block",
     )
     return kernels.ops_for(logits).verify_chain(call)

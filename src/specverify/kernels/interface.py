@@ -137,6 +137,7 @@ class ChainCall:
     relaxed: Relaxed | None
     draft_probs: torch.Tensor | None  # float [B, K, V], q of sampled drafts; None: argmax drafts
     host: HostValues | None  # a validating call: what it read to the host; None: no host read allowed
+    block: bool = False  # sampled drafts judged as a block (SPEC §3.6) rather than one by one (§3.2)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     """interface.WholeCallOps.verify_chain on the C kernels."""
     if call.relaxed is not None:
         return chain.verify_chain(call, native, drawn_stage)
+    if call.block:
+        return chain.verify_chain(call, native)  # block verification: in stages over the C row ops
     return _fused_verdicts(call)
 
 

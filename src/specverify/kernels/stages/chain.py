@@ -27,7 +27,14 @@ from ...rng import (
 )
 from ..interface import ChainCall, Ops, Relaxed
 from .categorical import sample_from_weights
-from .rules import argmax_verdict, first_rejections_read, greedy_verdict, relaxed_verdict, sampled_verdict
+from .rules import (
+    argmax_verdict,
+    block_verdict,
+    first_rejections_read,
+    greedy_verdict,
+    relaxed_verdict,
+    sampled_verdict,
+)
 from .weights import greedy_tokens, is_greedy, keyed_draws_read, per_position_rows, truncated_weights
 
 
@@ -82,7 +89,7 @@ def verify_chain(call: ChainCall, ops: Ops, stochastic: StochasticStage | None =
         return _verify_read(ops, call.host.draft, masked, params, call.host.temperatures, (call.seed, call.shared_seed))
     draft = _draft_or_padding(call.draft_tokens, masked.shape[-1]) if positions else call.draft_tokens.to(torch.int64)
     rows = Rows(draft, masked, *params, call.draft_probs)
-    stochastic = stochastic or functools.partial(weighed_verdicts, ops)
+    stochastic = stochastic or functools.partial(weighed_verdicts, ops, block=call.block)
     return _verify(ops, rows, (call.seed, call.shared_seed), _plan(call), call.relaxed, stochastic)
 
 
@@ -229,10 +236,12 @@ def _merge(
     return tuple(merged)
 
 
-def weighed_verdicts(ops: Ops, rows: Rows, reads_host: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SPEC §3.1/3.2 for the given rows (their seeds set), on the weights of weigh_rows; reads_host: the
-    uniforms may be keyed on the host (a validating call) -> (accepted bool [R, K], recovered int64 [R, K],
-    bonus int64 [R])."""
+def weighed_verdicts(
+    ops: Ops, rows: Rows, reads_host: bool, block: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SPEC §3.1/3.2 (§3.6 with `block`) for the given rows (their seeds set), on the weights of weigh_rows;
+    reads_host: the uniforms may be keyed on the host (a validating call) -> (accepted bool [R, K],
+    recovered int64 [R, K], bonus int64 [R])."""
     draft, masked, seeds, draft_probs = rows.draft, rows.masked, rows.seeds, rows.draft_probs
     batch, positions = draft.shape
     vocab = masked.shape[-1]
@@ -250,7 +259,7 @@ def weighed_verdicts(ops: Ops, rows: Rows, reads_host: bool) -> tuple[torch.Tens
         accepted, recovered = argmax_verdict(draft, target_sample[:, :positions])
         return accepted, recovered, target_sample[:, positions]
     weights, sums = weights.view(batch, per_position, vocab), sums.view(batch, per_position, sums.shape[-1])
-    accepted, recovered = sampled_verdict(
+    accepted, recovered = (block_verdict if block else sampled_verdict)(
         ops,
         draft,
         weights,

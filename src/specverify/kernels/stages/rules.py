@@ -85,15 +85,110 @@ def ratio_test(
     weight of each draft token (any value where there is none); target_mass: float64 [B, K], the weights'
     sums; the rest as in sampled_verdict -> (accepted bool [B, K], mode int32 [B, K]: FROM_RESIDUAL,
     WITHOUT_DRAFT where q(d) == 0, FROM_TARGET where there is no draft)."""
+    p_draft, q_draft, mode = draft_probabilities(draft, at_draft, target_mass, draft_probs)
+    rejected = accept_uniforms * q_draft >= p_draft
+    return (draft >= 0) & ~rejected, mode
+
+
+def draft_probabilities(
+    draft: torch.Tensor, at_draft: torch.Tensor, target_mass: torch.Tensor, draft_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """p~(d) and q(d) of each draft token in float64, and each position's recovery mode. Shapes as in
+    ratio_test -> (p_draft float64 [B, K], q_draft float64 [B, K]: 1 where q(d) == 0 (judged without a
+    distribution, as its point mass at d), mode int32 [B, K])."""
     has_draft = draft >= 0
     # p~(d) exactly as truncated_probs gives it (weights over their float32 total), so that a draft whose q
     # is truncated_probs itself is accepted with certainty
     p_draft = (at_draft / target_mass.float()).double()
     q_draft = draft_probs.gather(-1, _draft_column(draft))[..., 0].double()
     blind = q_draft <= 0
-    rejected = accept_uniforms * torch.where(blind, 1.0, q_draft) >= p_draft
     mode = torch.where(has_draft, torch.where(blind, WITHOUT_DRAFT, FROM_RESIDUAL), FROM_TARGET).to(torch.int32)
-    return has_draft & ~rejected, mode
+    return p_draft, torch.where(blind, 1.0, q_draft), mode
+
+
+def block_verdict(
+    ops: Ops,
+    draft: torch.Tensor,
+    target_weights: torch.Tensor,
+    target_sums: torch.Tensor,
+    draft_probs: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    residual_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §3.6: a row's sampled drafts judged as a block. Arguments as in sampled_verdict; `accepted`
+    holds the longest kept prefix tau, `recovered` at tau the draw from max(0, P_tau p~ - q) (the other
+    rules of sampled_verdict for q(d) == 0, padding and an empty residual)."""
+    positions = draft.shape[1]
+    target_mass = total_weight(target_sums)[:, :positions]
+    at_draft = target_weights[:, :positions].gather(-1, _draft_column(draft))[..., 0]
+    p_draft, q_draft, mode = draft_probabilities(draft, at_draft, target_mass, draft_probs)
+    joint = joint_ratios(p_draft, q_draft)
+    residual_masses = _residual_masses(target_weights, target_mass, draft_probs, joint, mode, p_draft)
+    kept = kept_prefixes(draft, joint, p_draft, q_draft, residual_masses, accept_uniforms)
+    longest = torch.where(kept, torch.arange(1, positions + 1, device=draft.device), 0).amax(-1, keepdim=True)
+    accepted = torch.arange(positions, device=draft.device) < longest
+    scaled_q = draft_probs.float() * _inverse(joint[:, :positions], mode)[..., None]
+    drawn = recovery_draw(ops, target_weights, target_sums, target_mass, scaled_q, draft, mode, residual_uniforms)
+    return accepted, torch.where(accepted, draft, drawn)
+
+
+def joint_ratios(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+    """P_0 = 1, P_{i+1} = min(1, P_i p~_i(d_i) / q_i(d_i)) (SPEC §3.6): float64 [B, K] -> [B, K + 1]
+    (entries past a row's drafts are not used)."""
+    ratios = torch.ones(p_draft.shape[0], p_draft.shape[1] + 1, dtype=torch.float64, device=p_draft.device)
+    for i in range(p_draft.shape[1]):
+        ratios[:, i + 1] = (ratios[:, i] * p_draft[:, i] / q_draft[:, i]).clamp(max=1.0)
+    return ratios
+
+
+def _inverse(joint: torch.Tensor, mode: torch.Tensor) -> torch.Tensor:
+    """1 / P_i where position i recovers from the residual with q (1 elsewhere and where P_i == 0), as
+    float32 clamped at its largest finite value: the factor of q in max(0, p~ - q / P_i). [B, K]."""
+    usable = (mode == FROM_RESIDUAL) & (joint > 0)
+    inverse = torch.where(usable, 1.0 / torch.where(usable, joint, 1.0), 1.0)
+    return inverse.clamp(max=torch.finfo(torch.float32).max).float()
+
+
+def _residual_masses(
+    target_weights: torch.Tensor,
+    target_mass: torch.Tensor,
+    draft_probs: torch.Tensor,
+    joint: torch.Tensor,
+    mode: torch.Tensor,
+    p_draft: torch.Tensor,
+) -> torch.Tensor:
+    """R_i = sum_x max(0, P_i p~_i(x) - q_i(x)) at each position (float64 [B, K]): P_i times the mass of
+    max(0, p~_i - q_i / P_i) as recover_rows draws it, P_i (1 - p~_i(d)) where q_i(d) == 0 (q_i is the
+    point mass at d). p_draft: float64 [B, K], p~_i(d) from draft_probabilities."""
+    positions = draft_probs.shape[1]
+    target_probs = target_weights[:, :positions] / target_mass[..., None].float()
+    scaled_q = draft_probs.float() * _inverse(joint[:, :positions], mode)[..., None]
+    residual = (target_probs - scaled_q).clamp(min=0).sum(-1, dtype=torch.float64)
+    residual = torch.where(mode == WITHOUT_DRAFT, (1 - p_draft).clamp(min=0), residual)
+    return joint[:, :positions] * residual
+
+
+def kept_prefixes(
+    draft: torch.Tensor,
+    joint: torch.Tensor,
+    p_draft: torch.Tensor,
+    q_draft: torch.Tensor,
+    residual_masses: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """Whether each prefix of length i = 1..K is kept (SPEC §3.6), on the coin of its last draft: bool
+    [B, K] (entry i - 1 for the prefix of length i; False past a row's drafts). joint: [B, K + 1] from
+    joint_ratios; residual_masses: float64 [B, K], R_i at position i; the rest as in ratio_test."""
+    positions = draft.shape[1]
+    drafted = (draft >= 0).sum(-1, keepdim=True)
+    length = torch.arange(1, positions + 1, device=draft.device)
+    # every draft (i = gamma): u * q(d) < P_{gamma-1} p~(d), coin for coin the test of SPEC §3.2
+    whole = accept_uniforms * q_draft < joint[:, :positions] * p_draft
+    # a shorter prefix (i < gamma): u * (R_i + 1 - P_i) < R_i, or P_i == 1; R_i sits at position i
+    inner_joint = joint[:, 1:]
+    inner_mass = torch.cat([residual_masses[:, 1:], torch.zeros_like(residual_masses[:, :1])], dim=-1)
+    inner = (inner_joint >= 1) | (accept_uniforms * (inner_mass + 1 - inner_joint) < inner_mass)
+    return torch.where(length == drafted, whole, inner & (length < drafted))
 
 
 def recovery_draw(

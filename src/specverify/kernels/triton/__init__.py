@@ -17,7 +17,7 @@ import torch
 from ...contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE, MASK64
 from ..backend import Backend
 from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall, TreeCall
-from ..stages import tree
+from ..stages import chain, tree
 from . import jit
 from .groups import (
     Drafts,
@@ -357,7 +357,10 @@ def verify_rows(
 
 def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """interface.WholeCallOps.verify_chain: the whole call in one kernel (verify_rows), the grammar mask,
-    the padding of drafts that are not ids and the keys s_b + j all applied inside it."""
+    the padding of drafts that are not ids and the keys s_b + j all applied inside it; block verification
+    (SPEC §3.6) in stages over the Triton row ops."""
+    if call.block:
+        return chain.verify_chain(call, sys.modules[__name__])
     relaxed = call.relaxed
     return verify_rows(
         call.draft_tokens,

@@ -110,6 +110,35 @@ def test_generate_sampled_proposals(model_folder, capsys):
     assert json.loads(out)["speculative"]["tokens"] == 6
 
 
+def test_generate_block_verification(model_folder, capsys):
+    """The issue's command, `generate --drafter model --verify block`: sampled proposals judged as blocks, the
+    drafts of a model that is its own target all accepted (q = p~: every joint ratio is 1)."""
+    code, out, err = run(
+        capsys,
+        "generate",
+        "w1 w2",
+        "--model",
+        str(model_folder),
+        "--json",
+        "--max-tokens",
+        "12",
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(model_folder),
+        "--verify",
+        "block",
+        "--temperature",
+        "1",
+        "-k",
+        "3",
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["settings"]["verify"] == "block" and report["speculative"]["tokens"] == 12
+    assert sum(report["speculative"]["accepted"]) == sum(report["speculative"]["drafted"]) > 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -136,6 +165,9 @@ def test_generate_sampled_proposals(model_folder, capsys):
         (["--tree", "8", "--engine", "llamacpp", "hi"], "--tree needs --engine transformers: its sessions score trees"),
         (["--tree", "8", "--branching", "0", "hi"], "--branching must be >= 1 (got 0)"),
         (["--tree", "8", "--sibling-draws", "iid", "hi"], "--sibling-draws must be 'with_replacement' or"),
+        (["--verify", "chain", "hi"], "--verify must be 'token' or 'block' (got 'chain')"),
+        (["--verify", "block", "--draft-proposal", "argmax", "hi"], "--verify block needs --draft-proposal sampled"),
+        (["--verify", "block", "--tree", "8", "hi"], "--verify block cannot take --tree"),
     ],
 )
 def test_bad_input_is_one_line(capsys, monkeypatch, argv, message):
@@ -294,6 +326,7 @@ FROM_SETTINGS = {
     "sibling_draws": lambda s: s.drafts.sibling_draws,
     "min_ngram": lambda s: s.drafts.min_ngram,
     "draft_proposal": lambda s: s.drafts.proposal,
+    "verify": lambda s: s.drafts.verification,
     "compare": lambda s: s.compare,
     "json": lambda s: s.json,
     "details": lambda s: s.details,
@@ -341,6 +374,11 @@ EVERY_FLAG = [
         ["--requests", "batch.jsonl", "--sibling-draws", "without_replacement", "--draft-proposal", "sampled"],
         {"requests": ("batch.jsonl", 2, False), "sibling_draws": "without_replacement", "draft_proposal": "sampled"},
     ),
+    (
+        ["hi", "--drafter", "model", "--draft-model", "d", "--verify", "block"],
+        {"verify": "block", "draft_proposal": "sampled"},  # block verification judges sampled drafts
+    ),
+    (["hi", "--verify", "token"], {"verify": "token", "draft_proposal": "argmax"}),
 ]
 
 

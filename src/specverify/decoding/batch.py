@@ -98,12 +98,13 @@ def run_requests(
     draft_proposal: str = "argmax",
     thinking: ThinkingRegions | None = None,
     relaxed: tuple[int, float] | None = None,
+    verification: str = "token",
     on_step=None,
     compare: bool = False,
     around_plain: Callable[[], AbstractContextManager] = nullcontext,
 ) -> BatchRun:
     """Decode the requests together (chat template applied to each prompt). k, draft_proposal, thinking,
-    relaxed, on_step: as `speculative_generate`; tree: a number of nodes to decode with `tree_generate`
+    relaxed, verification, on_step: as `speculative_generate`; tree: a number of nodes to decode with `tree_generate`
     instead (drafter: a TreeDrafter; no grammar, no relaxed); compare: then decode the same batch with plain decoding
     (inside the context around_plain() gives, e.g. a progress display). A grammar that does not compile raises
     GrammarError naming the request; `grammar.GrammarDeadEnd` propagates."""
@@ -119,6 +120,8 @@ def run_requests(
     params = [r.params for r in requests]
     if tree is not None and relaxed is not None:
         raise ValueError("relaxed acceptance is a chain rule (SPEC §3.4): tree drafts are verified losslessly only")
+    if tree is not None and verification != "token":
+        raise ValueError("block verification is a chain rule (SPEC §3.6): a tree is verified by its walk (§8)")
     if tree is not None:
         spec = tree_generate(
             loaded.model,
@@ -140,6 +143,7 @@ def run_requests(
             draft_proposal=draft_proposal,
             on_step=on_step,
             relaxed=relaxed,
+            verification=verification,
             **common,
         )
     plain = None

@@ -87,7 +87,15 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-model", help="for --drafter model: 'smollm2', a .gguf file or a model folder, same tokenizer"
     )
-    p.add_argument("--draft-proposal", default="argmax", help="'argmax' (default) or 'sampled' (the drafter samples)")
+    p.add_argument(
+        "--draft-proposal",
+        help="'argmax' (the default) or 'sampled' (the drafter samples; the default with --verify block)",
+    )
+    p.add_argument(
+        "--verify",
+        default="token",
+        help="how sampled drafts are judged: 'token' (default, one by one) or 'block' (jointly: more accepted)",
+    )
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--compare", action="store_true", help="also decode without speculation, same seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
@@ -173,7 +181,7 @@ def _step_display(settings: GenerateSettings, target, console, progress):
     drafts = settings.drafts
     console.print(
         f"[dim]{target.source} loaded in {target.seconds:.1f} s · {what} · {drafts.described} · "
-        f"drafter {drafts.drafter} · {drafts.proposal} proposals[/dim]"
+        f"drafter {drafts.drafter} · {drafts.proposal} proposals{drafts.verified}[/dim]"
     )
     if not settings.single:
         return BatchProgress(len(requests), progress)
@@ -207,6 +215,7 @@ def _decode(settings: GenerateSettings, target, drafter, on_step, progress):
             draft_proposal=drafts.proposal,
             thinking=_thinking_regions(settings.thinking, target),
             relaxed=settings.relaxed,
+            verification=drafts.verification,
             on_step=on_step,
             compare=settings.compare,
             around_plain=lambda: progress.step("decoding again without speculation"),

@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..contract import DRAFT_PROPOSALS, SIBLING_DRAWS
+from ..contract import DRAFT_PROPOSALS, SIBLING_DRAWS, VERIFICATIONS
 from ..usage import UsageError, require_modules
 from .constraints.grammar import grammar_source
 from .constraints.schema import read_schema
@@ -39,8 +39,9 @@ class EngineSettings:
 class DraftSettings:
     """How drafts are made and verified: the drafter (a name of `drafting.registry.DRAFTER_NAMES`), the draft
     model named (None unless the drafter drafts with one), K per step (an int >= 0 or "auto"), the tree's
-    nodes (None: chains of K), the proposal ("argmax" or "sampled"), the n-gram drafters' shortest suffix and
-    a model tree's children per node and sibling draws."""
+    nodes (None: chains of K), the proposal ("argmax" or "sampled"), the n-gram drafters' shortest suffix,
+    a model tree's children per node and sibling draws, and how sampled drafts are verified ("token" or
+    "block", SPEC §3.6)."""
 
     drafter: str
     draft_model: str | None
@@ -50,6 +51,12 @@ class DraftSettings:
     min_ngram: int
     branching: int
     sibling_draws: str
+    verification: str = "token"
+
+    @property
+    def verified(self) -> str:
+        """What the live view adds about the rule: " · block verification", or nothing for token-wise."""
+        return " · block verification" if self.verification == "block" else ""
 
     @property
     def shape(self) -> str:
@@ -138,11 +145,20 @@ def _draft_settings(args: argparse.Namespace) -> DraftSettings:
         draft_model=args.draft_model if args.drafter in NEEDS_DRAFT_MODEL else None,
         k=args.draft_tokens,
         tree=args.tree,
-        proposal=args.draft_proposal,
+        proposal=draft_proposal(args),
         min_ngram=args.min_ngram,
         branching=args.branching,
         sibling_draws=args.sibling_draws,
+        verification=args.verify,
     )
+
+
+def draft_proposal(args: argparse.Namespace) -> str:
+    """--draft-proposal as given, else "sampled" with --verify block (the rule judges sampled drafts) and
+    "argmax" otherwise."""
+    if args.draft_proposal is not None:
+        return args.draft_proposal
+    return "sampled" if args.verify == "block" else "argmax"
 
 
 def _prompt_and_params(args: argparse.Namespace) -> tuple[str | None, SamplingParams]:
@@ -189,8 +205,21 @@ def _check_drafter_settings(args: argparse.Namespace) -> None:
         raise UsageError(f"--draft-model is used only with --drafter model (got --drafter {args.drafter})")
     if not 1 <= args.min_ngram <= 3:
         raise UsageError(f"--min-ngram must be 1, 2 or 3 (got {args.min_ngram})")
-    if args.draft_proposal not in DRAFT_PROPOSALS:
+    if args.draft_proposal not in (*DRAFT_PROPOSALS, None):
         raise UsageError(f"--draft-proposal must be 'argmax' or 'sampled' (got {args.draft_proposal!r})")
+    _check_verification(args)
+
+
+def _check_verification(args: argparse.Namespace) -> None:
+    """--verify: 'token' or 'block'; block judges sampled chains of drafts only (SPEC §3.6)."""
+    if args.verify not in VERIFICATIONS:
+        raise UsageError(f"--verify must be 'token' or 'block' (got {args.verify!r})")
+    if args.verify != "block":
+        return
+    if draft_proposal(args) != "sampled":
+        raise UsageError("--verify block needs --draft-proposal sampled: argmax drafts are judged by SPEC §3.1")
+    if args.tree is not None:
+        raise UsageError("--verify block cannot take --tree: a tree is verified by its walk (SPEC §8)")
 
 
 def _check_tree_settings(args: argparse.Namespace) -> None:
@@ -234,7 +263,7 @@ def _relaxed_setting(args: argparse.Namespace) -> tuple[int, float] | None:
         )
     if args.think_begin is None:
         raise UsageError("--relaxed needs --think-begin and --think-end (it applies inside thinking regions only)")
-    if args.draft_proposal != "argmax":
+    if draft_proposal(args) != "argmax":
         raise UsageError("--relaxed needs --draft-proposal argmax (the relaxed rule judges argmax drafts only)")
     return topk, delta
 

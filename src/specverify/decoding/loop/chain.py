@@ -26,7 +26,17 @@ from ..drafting.draft_length import DraftLength, draft_length_policy
 from ..engines.base import LanguageModel, Session
 from ..params import RowParams, SamplingParams, row_params
 from .result import GenerationResult
-from .state import BatchState, GrammarArg, OnStep, check_draft_proposal, commit_step, finish, grammar_matchers, prefill
+from .state import (
+    BatchState,
+    GrammarArg,
+    OnStep,
+    check_draft_proposal,
+    check_verification,
+    commit_step,
+    finish,
+    grammar_matchers,
+    prefill,
+)
 
 
 @torch.inference_mode()
@@ -188,6 +198,7 @@ def speculative_generate(
     grammar: GrammarArg = None,
     thinking: ThinkingRegions | None = None,
     relaxed: tuple[int, float] | None = None,
+    verification: str = "token",
 ) -> GenerationResult:
     """Speculative decoding: per step the drafter proposes up to k tokens per row, the target scores the
     context plus drafts in one pass, `specverify.stochastic_acceptance_sampler` decides, the committed
@@ -202,10 +213,12 @@ def speculative_generate(
     Under a grammar a draft ends at its first refused token, which its mask makes the verifier reject:
     a token that violates the grammar is never committed. relaxed = (relaxed_topk, relaxed_delta): the
     verifier's lossy relaxed rule (SPEC §3.4) for the rows inside a thinking region; needs `thinking`
-    and "argmax" proposals.
+    and "argmax" proposals. verification: "token" (default) or "block" (SPEC §3.6: sampled drafts judged as a
+    block, at least as many accepted in expectation; needs "sampled" proposals).
     """
     policy = draft_length_policy(k)
     sampled = check_draft_proposal(draft_proposal)
+    check_verification(verification, sampled)
     requests = BatchState(prompts, max_tokens, stop_tokens, seed, thinking)
     rows: RowParams = row_params(params, len(requests.contexts))
     relaxed_arguments = _relaxed_arguments(relaxed, requests, sampled)
@@ -250,6 +263,7 @@ def speculative_generate(
                 draft_proposal=draft_proposal,
                 draft_probs_full=None if probs is None else probs.to(device),
                 min_p=on.min_p,
+                verification=verification,
                 **relaxed_arguments,
             )
             committed, num = specverify.committed_tokens(first, recovered, bonus)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from ...contract import DRAFT_PROPOSALS, PAD
+from ...contract import DRAFT_PROPOSALS, PAD, VERIFICATIONS
 from ...rng import request_seed
 from ..constraints.grammar import Grammar, GrammarMatchers, grammar_rows
 from ..constraints.thinking import ThinkingRegions
@@ -156,6 +156,15 @@ def finish(result: GenerationResult, matchers: GrammarMatchers | None, start: fl
     result.decode_seconds = time.perf_counter() - start
     result.grammar_complete = None if matchers is None else matchers.complete()
     return result
+
+
+def check_verification(verification: str, sampled: bool) -> None:
+    """Raise ValueError unless verification is "token" or "block", and "block" only with sampled proposals
+    (SPEC §3.6)."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" or "block" (got {verification!r})')
+    if verification == "block" and not sampled:
+        raise ValueError('verification="block" needs draft_proposal="sampled" (SPEC §3.6)')
 
 
 def check_draft_proposal(draft_proposal: str) -> bool:

@@ -289,3 +289,8 @@ def test_model_runner_v2_and_async_scheduling_with_speculation_are_refused_namin
         check_engine_config(_config(speculative_config=speculative, scheduler_config=asynchronous))
     check_engine_config(_config(scheduler_config=asynchronous))
     check_engine_config(_config(speculative_config=speculative))
+    block = SimpleNamespace(method="draft_model", rejection_sample_method="block", draft_sample_method="probabilistic")
+    check_engine_config(_config(speculative_config=block))
+    greedy_block = SimpleNamespace(method="draft_model", rejection_sample_method="block", draft_sample_method="greedy")
+    with pytest.raises(UnsupportedOption, match=r"'block' judges sampled drafts .* use 'standard'"):
+        check_engine_config(_config(speculative_config=greedy_block))

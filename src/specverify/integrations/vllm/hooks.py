@@ -52,6 +52,10 @@ class _RunnerRows:
         self._runner = weakref.ref(runner)
         self.rows = RequestRows(getattr(runner.model_config, "seed", 0))
         self.caller: str | None = None
+        #: how sampled drafts are judged (SPEC §3.2 or §3.6): vLLM's rejection_sample_method "block" or not
+        speculative = getattr(runner, "speculative_config", None)
+        block = getattr(speculative, "rejection_sample_method", "standard") == "block"
+        self.verification = "block" if block else "token"
 
     def step(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(seeds int64 [batch], min_p float32 [batch] or None) of the current step's requests; dummy rows in
@@ -125,13 +129,15 @@ def verify_step(
     sampling_metadata: Any,
     seeds: torch.Tensor,
     min_p: torch.Tensor | None,
+    verification: str = "token",
 ) -> torch.Tensor:
     """One step's drafts verified by `specverify.stochastic_acceptance_sampler`, in vLLM's layout.
 
     metadata: vLLM's SpecDecodeMetadata (flat drafts [T], cu_num_draft_tokens [B], bonus indices [B],
     max_spec_len K); draft_probs: float [T, V], or None (n-gram and greedy drafters: argmax mode); scores:
     the logits [T + B, V] after vLLM's processors; sampling_metadata: its temperature / top_k / top_p;
-    seeds: int64 [B] (request_seed(base, tokens generated)); min_p: float [B] or None.
+    seeds: int64 [B] (request_seed(base, tokens generated)); min_p: float [B] or None; verification: how
+    sampled drafts are judged, "token" or "block" (argmax drafts: SPEC §3.1 either way).
     Returns vLLM's sampled_token_ids: int32 [B, K + 1], each row's committed tokens then -1.
     """
     positions = metadata.max_spec_len
@@ -147,6 +153,7 @@ def verify_step(
         draft_proposal="argmax" if probs is None else "sampled",
         draft_probs_full=probs,
         min_p=min_p,
+        verification="token" if probs is None else verification,
         validate=False,
     )  # fmt: skip
     return layout.vllm_output(first, recovered, bonus)
@@ -161,11 +168,12 @@ def _verify(self: Any, metadata: Any, draft_probs: torch.Tensor | None, logits: 
     """
     from vllm.v1.outputs import SamplerOutput
 
-    seeds, min_p = getattr(self, STATE).step(len(metadata.num_draft_tokens), logits.device)
+    rows = getattr(self, STATE)
+    seeds, min_p = rows.step(len(metadata.num_draft_tokens), logits.device)
     scores = (
         _processed_logits(self, logits, metadata, sampling_metadata) if _needs_processing(sampling_metadata) else logits
     )
-    tokens = verify_step(metadata, draft_probs, scores, sampling_metadata, seeds, min_p)
+    tokens = verify_step(metadata, draft_probs, scores, sampling_metadata, seeds, min_p, rows.verification)
     logprobs = None
     if sampling_metadata.max_num_logprobs is not None:
         logprobs = self._get_logprobs_tensors(
@@ -189,6 +197,21 @@ def _attach(runner: Any) -> None:
     if rejection is not None:
         setattr(rejection, STATE, rows)
         rejection.forward = types.MethodType(_verify, rejection)
+    if rows.verification == "block":
+        _keep_draft_probs(runner)
+
+
+def _keep_draft_probs(runner: Any) -> None:
+    """Make the runner's drafter sample its drafts and keep their distributions under
+    rejection_sample_method "block": vLLM's V1 proposer does so only for "standard" (llm_base_proposer.py:258,
+    `_enable_probabilistic_draft_probs`), and block verification judges sampled drafts (SPEC §3.6)."""
+    drafter = getattr(runner, "drafter", None)
+    if not hasattr(drafter, "_enable_probabilistic_draft_probs"):
+        raise HookError(
+            f"rejection_sample_method='block' needs a drafter that samples its drafts (got {type(drafter).__name__}, "
+            "which has no _enable_probabilistic_draft_probs in this vLLM)"
+        )
+    drafter._enable_probabilistic_draft_probs = True
 
 
 def _wrap_init(original):
@@ -242,8 +265,11 @@ def _describe(runner: Any) -> str:
 
     backend = kernels.backend_for(torch.empty(0, device=runner.device)).name
     where = {"native": "compiled C kernels", "triton": "Triton kernels", "torch": "torch reference"}[backend]
+    rule = " (block verification)" if getattr(runner, STATE).verification == "block" else ""
     verifies = (
-        "drafts by specverify.stochastic_acceptance_sampler, " if getattr(runner, "rejection_sampler", None) else ""
+        f"drafts by specverify.stochastic_acceptance_sampler{rule}, "
+        if getattr(runner, "rejection_sampler", None)
+        else ""
     )
     return (
         f"{PLUGIN_ON} (vLLM {vllm.__version__}, V1 model runner): {verifies}plain steps by "
@@ -278,6 +304,8 @@ def worker_check(worker: Any) -> str:
         and getattr(getattr(rejection, "forward", None), "__func__", None) is not _verify
     ):
         raise HookError(f"specverify's hook of {name}.rejection_sampler.forward is not in place in this worker")
+    if getattr(runner, STATE).verification == "block" and not runner.drafter._enable_probabilistic_draft_probs:
+        raise HookError(f"{name}'s drafter does not keep its draft probabilities, which block verification judges")
     for processor in runner.input_batch.logitsprocs.argmax_invariant:
         if not isinstance(processor, MinPLogitsProcessor):
             raise options.UnsupportedOption(

@@ -20,7 +20,8 @@ def check_engine_config(vllm_config: Any) -> None:
 
     - Model Runner V2 (its sampler and rejection sampler are other classes, not hooked yet);
     - logprobs_mode processed_logits / processed_logprobs (we do not build vLLM's processed logits);
-    - rejection_sample_method "synthetic" (a benchmarking mode that ignores the target);
+    - rejection_sample_method "synthetic" (a benchmarking mode that ignores the target), and "block" without
+      sampled drafts (check_rejection_method);
     - async scheduling with speculative decoding (the runner then counts a request's tokens
       optimistically, so "tokens generated so far", which keys every draw, is not known on the host);
     - Ray workers or Ray data-parallel engine cores (check_parallel_backends).
@@ -41,12 +42,7 @@ def check_engine_config(vllm_config: Any) -> None:
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None:
         return
-    method = getattr(speculative, "rejection_sample_method", "standard")
-    if method != "standard":
-        raise UnsupportedOption(
-            "specverify's vLLM plug-in verifies drafts against the target: rejection_sample_method must be "
-            f"'standard' (got rejection_sample_method={method!r})"
-        )
+    check_rejection_method(speculative)
     scheduler = getattr(vllm_config, "scheduler_config", None)
     if getattr(scheduler, "async_scheduling", False):
         raise UnsupportedOption(
@@ -54,6 +50,31 @@ def check_engine_config(vllm_config: Any) -> None:
             f"scheduling with speculative decoding (method {getattr(speculative, 'method', None)!r}) does not "
             "know on the host: async_scheduling must be off with speculation (got async_scheduling=True): "
             "pass --no-async-scheduling (LLM(..., async_scheduling=False))"
+        )
+
+
+#: vLLM's rejection_sample_method values the plug-in verifies with: "standard" (SPEC §3.1 for n-gram and
+#: greedy drafts, §3.2 for probabilistic ones) and "block" (§3.6, probabilistic drafts only).
+REJECTION_METHODS = ("standard", "block")
+
+
+def check_rejection_method(speculative: Any) -> None:
+    """rejection_sample_method is one we verify with, and "block" comes with sampled drafts (a draft model or
+    head with draft_sample_method="probabilistic"): block verification judges drafts drawn from q, and
+    argmax drafts are already verified optimally by SPEC §3.1. speculative: vLLM's SpeculativeConfig."""
+    method = getattr(speculative, "rejection_sample_method", "standard")
+    if method not in REJECTION_METHODS:
+        raise UnsupportedOption(
+            "specverify's vLLM plug-in verifies drafts against the target: rejection_sample_method must be "
+            f"'standard' or 'block' (got rejection_sample_method={method!r})"
+        )
+    sampling = getattr(speculative, "draft_sample_method", "greedy")
+    if method == "block" and sampling != "probabilistic":
+        raise UnsupportedOption(
+            "rejection_sample_method='block' judges sampled drafts (SPEC §3.6): it needs a draft model or head "
+            f"with draft_sample_method='probabilistic' (got method={getattr(speculative, 'method', None)!r}, "
+            f"draft_sample_method={sampling!r}); n-gram and greedy drafts are verified by specverify's argmax "
+            "rule, already the best any lossless rule does for them: use 'standard'"
         )
 
 

@@ -18,7 +18,11 @@ from specverify.audit.report import report_json
 from specverify.audit.runner import audit_scenario, run_audit
 from specverify.audit.scenarios import check_well_posed, contract_problems, scenario, scenario_matrix
 from specverify.audit.verifier import as_verifier, load_verifier
-from tests.support.wrong_verifiers import recovery_from_full_target, top_p_before_top_k_renormalisation
+from tests.support.wrong_verifiers import (
+    block_as_token_wise,
+    recovery_from_full_target,
+    top_p_before_top_k_renormalisation,
+)
 
 MATRIX = {s.name: s for s in scenario_matrix()}
 OURS = as_verifier(sv.stochastic_acceptance_sampler)
@@ -114,6 +118,7 @@ def test_the_matrix_covers_the_issue():
     for needed in ("greedy", "top-k", "top-p", "min-p", "mask", "padding", "relaxed", "bfloat16"):
         assert needed in settings
     assert {s.draft_proposal for s in MATRIX.values()} == {"argmax", "sampled"}
+    assert {s.verification for s in MATRIX.values()} == {"token", "block"}
     assert {s.vocab for s in MATRIX.values()} == {12, 4096}
     assert all(s.quick for s in MATRIX.values() if s.name in ("argmax/top-k+top-p", "sampled/disagree"))
 
@@ -122,14 +127,18 @@ def test_the_matrix_covers_the_issue():
 
 
 def test_our_verifier_passes_a_scenario_of_each_mode():
-    for name in ("argmax/mix+mask", "sampled/mix+mask+padding", "argmax/greedy+mask"):
+    for name in ("argmax/mix+mask", "sampled/mix+mask+padding", "argmax/greedy+mask", "block/mix+mask+padding"):
         result = audit_scenario(OURS, MATRIX[name], 4000, seed=3, level=1e-4, device="cpu")
         assert result.verdict == "pass", (name, result.min_p_value)
 
 
 @pytest.mark.parametrize(
     "wrong, name",
-    [(recovery_from_full_target, "sampled/disagree"), (top_p_before_top_k_renormalisation, "argmax/top-k+top-p")],
+    [
+        (recovery_from_full_target, "sampled/disagree"),
+        (top_p_before_top_k_renormalisation, "argmax/top-k+top-p"),
+        (block_as_token_wise, "block/model"),
+    ],
 )
 def test_each_wrong_verifier_fails_where_its_mistake_matters_and_passes_elsewhere(wrong, name):
     verifier = as_verifier(wrong)

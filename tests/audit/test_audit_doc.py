@@ -25,6 +25,7 @@ WIDTH = 110
 WRONG = {
     "recovery_from_full_target": "recovery from the full target instead of the residual",
     "top_p_before_top_k_renormalisation": "top-p before top-k renormalisation",
+    "block_as_token_wise": 'verification="block" taken and ignored (drafts judged one by one)',
 }
 
 

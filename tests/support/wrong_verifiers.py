@@ -204,3 +204,48 @@ def tree_recovery_from_full_target(
         token_bitmask=None if token_bitmasks is None else token_bitmasks[rejected, index],
     )
     return path, length, token.index_copy(0, rejected, redrawn)
+
+
+def block_as_token_wise(
+    draft_tokens,
+    target_logits,
+    temperature,
+    top_k,
+    max_k,
+    top_p,
+    min_top_p,
+    seed,
+    in_thinking_phase=None,
+    relaxed_topk=None,
+    relaxed_delta=None,
+    token_bitmasks=None,
+    draft_proposal="argmax",
+    draft_probs_full=None,
+    vocab_size=None,
+    *,
+    min_p=None,
+    verification="token",
+    validate=True,
+):
+    """Wrong under verification="block": takes the argument and judges the drafts one by one (SPEC §3.2), a
+    silent fallback. Every committed token still follows p~; what gives it away is the first rejection's
+    law, which is not block verification's."""
+    return sv.stochastic_acceptance_sampler(
+        draft_tokens,
+        target_logits,
+        temperature,
+        top_k,
+        max_k,
+        top_p,
+        min_top_p,
+        seed,
+        in_thinking_phase,
+        relaxed_topk,
+        relaxed_delta,
+        token_bitmasks,
+        draft_proposal,
+        draft_probs_full,
+        vocab_size,
+        min_p=min_p,
+        validate=validate,
+    )

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..contract import PAD
+from .blocks import outcome_law
 from .calls import Observation, batched_call, min_p_and_mask, row_problems, shape_problems
 from .exact import (
     GREEDY_TEMPERATURE,
@@ -52,7 +53,8 @@ class Scenario:
     logits: float32 [K+1, V], already rounded to `dtype` (what the verifier receives);
     draft_law: float64 [K, V+1], the law each row's draft at position j is drawn from, last column = -1;
     allowed: bool [K+1, V] grammar mask or None; draft_probs: float32 [K, V], every row's
-    draft_probs_full ("sampled" only); relaxed: (relaxed_topk, relaxed_delta) with every row thinking.
+    draft_probs_full ("sampled" only); relaxed: (relaxed_topk, relaxed_delta) with every row thinking;
+    verification: how sampled drafts are judged, "token" (SPEC §3.2) or "block" (§3.6).
     """
 
     name: str
@@ -70,6 +72,7 @@ class Scenario:
     relaxed: tuple[int, float] | None = None
     dtype: str = "float32"
     quick: bool = False
+    verification: str = "token"
     tree = False  # a chain scenario, for the chain verifier
 
     @property
@@ -100,6 +103,7 @@ class Scenario:
         parts += [f"min-p {self.min_p:g}"] if self.min_p > 0 else []
         parts += [f"relaxed top-{self.relaxed[0]} δ {self.relaxed[1]:g}"] if self.relaxed else []
         parts += ["mask"] if self.allowed is not None else []
+        parts += ["block verification"] if self.verification == "block" else []
         parts += ["padding"] if self.draft_law[:, -1].any() else []
         parts += [self.dtype] if self.dtype != "float32" else []
         return " · ".join(parts)
@@ -153,6 +157,8 @@ class Scenario:
             probs = torch.from_numpy(self.draft_probs).to(device)
             optional["draft_proposal"] = "sampled"
             optional["draft_probs_full"] = probs[None].expand(rows, *probs.shape).contiguous()
+        if self.verification == "block":
+            optional["verification"] = "block"
         if self.relaxed is not None:
             optional["in_thinking_phase"] = torch.ones(rows, dtype=torch.bool, device=device)
             optional["relaxed_topk"], optional["relaxed_delta"] = self.relaxed
@@ -201,12 +207,42 @@ def _law_given_draft(scenario: Scenario, position: int):
 def exact_laws(scenario: Scenario) -> Laws:
     """The exact laws of a scenario: each position's rule averaged over its draft law; the bonus
     position K is committed from p~ (greedy: its argmax) only when every draft was accepted."""
+    if scenario.verification == "block":
+        return _block_laws(scenario)
     K = scenario.positions
     target = np.stack([scenario.target(j) for j in range(K + 1)])
     judged = [mixed_position_law(scenario.draft_law[j], _law_given_draft(scenario, j)) for j in range(K)]
     accept = np.array([a for a, _ in judged])
     committed = np.stack([law for _, law in judged] + [target[K]])
     return Laws(target, committed, accept, first_rejection_law(accept))
+
+
+def _block_laws(scenario: Scenario) -> Laws:
+    """The exact laws of a block-verified scenario (SPEC §3.6; drafts drawn from q, position by position,
+    each row's drafts ending at its first padding). The token committed at a reached position follows p~
+    there, as for every lossless rule whose target does not depend on the prefix; the first rejection's
+    law is the longest kept prefix's, from audit.blocks' enumeration of every draft block and coin, mixed
+    over the rows' draft lengths."""
+    K, V = scenario.positions, scenario.vocab
+    target = np.stack([scenario.target(j) for j in range(K + 1)])
+    q = scenario.draft_probs.astype(np.float64)
+    if not (q.sum(-1) > 0).all():
+        raise ValueError(f"{scenario.name}: a block scenario draws every draft from q (a row of q is all zero)")
+    q = q / q.sum(-1, keepdims=True)  # the law the drafts are drawn from (float32 rows sum to 1 within 1e-7)
+    first = np.zeros(K + 1)
+    reach = 1.0  # P(a row drafts at least j tokens)
+    for drafted in range(K + 1):
+        padded = scenario.draft_law[drafted, V] / scenario.draft_law[drafted].sum() if drafted < K else 1.0
+        share, reach = reach * padded, reach * (1 - padded)
+        if share == 0:
+            continue
+        laws = outcome_law(lambda prefix: target[len(prefix)], lambda prefix: q[len(prefix)], V, drafted)
+        for outcome, probability in laws.items():
+            first[len(outcome) - 1] += share * probability
+    first /= first.sum()  # 1 up to float64 rounding, which chi-square's bookkeeping would not forgive
+    reached = np.cumsum(first[::-1])[::-1]  # P(first rejection >= j)
+    accept = np.divide(reached[1:], reached[:-1], out=np.zeros(K), where=reached[:-1] > 0)
+    return Laws(target, target.copy(), accept, first)
 
 
 def contract_problems(
@@ -387,6 +423,7 @@ def scenario(
     min_p: float = 0.0,
     relaxed: tuple[int, float] | None = None,
     quick: bool = False,
+    verification: str = "token",
 ) -> Scenario:
     """Build one scenario from a few words. drafts: a kind of _draft_law ('q' draws them from the draft
     distribution of kind `q`, which "sampled" scenarios also pass as draft_probs_full); mask: the share of
@@ -409,6 +446,7 @@ def scenario(
         relaxed=relaxed,
         dtype=dtype,
         quick=quick,
+        verification=verification,
     )
     targets = np.stack([base.target(j) for j in range(positions + 1)])
     q_law = draft_distribution(rng, q, logits, targets) if q else None
@@ -551,6 +589,29 @@ def scenario_matrix() -> list[Scenario]:
             min_p=0.01,
             quick=True,
             **llm,
+        ),
+        # block verification (SPEC §3.6): sampled drafts judged jointly; the first rejection follows the
+        # enumerated law of audit.blocks, every committed token p~
+        scenario(
+            "block/model",
+            "four drafts from a draft model: the block keeps 0.27 more a row than token-wise would",
+            q="model",
+            proposal="sampled",
+            positions=4,
+            verification="block",
+            quick=True,
+        ),
+        scenario(
+            "block/mix+mask+padding",
+            "truncations, a grammar mask and ragged drafts, judged as blocks",
+            q="model",
+            proposal="sampled",
+            temperature=0.9,
+            top_k=7,
+            min_p=0.05,
+            mask=0.3,
+            padding=(0.0, 0.2, 0.4),
+            verification="block",
         ),
         # relaxed thinking rows (SPEC §3.4): lossy by design, the divergence is measured
         scenario(

@@ -29,6 +29,7 @@ OPTIONAL_ARGUMENTS = (
     "draft_proposal",
     "draft_probs_full",
     "min_p",
+    "verification",
 )
 #: The same for a tree verifier (SPEC §8), past its seven positional arguments.
 TREE_OPTIONAL_ARGUMENTS = ("min_p", "token_bitmasks", "draft_proposal", "draft_probs", "sibling_draws")

@@ -1,9 +1,11 @@
 """Block verification against token-wise verification in the real loop, on the embedded SmolLM2-135M-Instruct
 with a real draft model: tokens per step and tokens per second, side by side (issue 32, SPEC §3.6).
 
-The draft is a layer-skip draft of the target (its first `--draft-layers` transformer layers, then the
-target's final norm and tied head; the same weights, no copy): a real, cheaper model with the target's
-tokenizer, whose q differs from the target's p. It samples its drafts (`draft_proposal="sampled"`), and each
+The draft is made from the target, with its tokenizer and its weights (no copy): by default a layer-skip
+draft (its first `--draft-layers` transformer layers, then the target's final norm and tied head: a real,
+cheaper model, as self-speculative decoding uses), or with `--draft-scale S` the whole target with its final
+norm scaled by S (its logits x S: a draft as costly as the target whose q is flatter than p for S < 1, the
+draft of the vLLM plug-in's statistical test). Either way q differs from the target's p. It samples its drafts (`draft_proposal="sampled"`), and each
 step's K drafts are judged one by one ("token", SPEC §3.2) or as a block ("block", §3.6). Both rules give
 the target's output law, so the gain is in drafts kept per step: tokens per step is the direct measure,
 tokens per second what it buys once the draft and verifier costs are paid.
@@ -50,6 +52,21 @@ def layer_skip_draft(target: HFLanguageModel, layers: int) -> HFLanguageModel:
     draft._modules = dict(draft._modules)
     draft.model = inner
     draft.config = inner.config
+    return HFLanguageModel(draft)
+
+
+def scaled_draft(target: HFLanguageModel, scale: float) -> HFLanguageModel:
+    """The whole target with its final norm's weight times `scale` (so its logits times `scale`), sharing
+    every other weight."""
+    model = target.model
+    inner = copy.copy(model.model)
+    inner._modules = dict(inner._modules)
+    inner.norm = copy.deepcopy(model.model.norm)
+    with torch.no_grad():
+        inner.norm.weight.mul_(scale)
+    draft = copy.copy(model)
+    draft._modules = dict(draft._modules)
+    draft.model = inner
     return HFLanguageModel(draft)
 
 
@@ -108,6 +125,7 @@ def main() -> None:
     parser.add_argument("--examples", default=",".join(EXAMPLES), help="comma-separated built-in examples")
     parser.add_argument("--temperatures", default="0.7,1.0", help="sampled temperatures (greedy is the same rule)")
     parser.add_argument("--draft-layers", type=int, default=20, help="the layer-skip draft's layers (of 30)")
+    parser.add_argument("--draft-scale", type=float, help="instead: the whole target, its logits times this")
     parser.add_argument("-k", type=int, default=4, help="drafts per step")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
@@ -115,10 +133,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model()
-    draft = layer_skip_draft(loaded.model, args.draft_layers)
+    if args.draft_scale is None:
+        draft, described = layer_skip_draft(loaded.model, args.draft_layers), f"its first {args.draft_layers} layers"
+    else:
+        draft, described = scaled_draft(loaded.model, args.draft_scale), f"itself, logits x {args.draft_scale:g}"
     load_before = os.getloadavg()
     print(
-        f"{loaded.source}, draft: its first {args.draft_layers} layers; K = {args.k}, {args.max_tokens} tokens, "
+        f"{loaded.source}, draft: {described}; K = {args.k}, {args.max_tokens} tokens, "
         f"{args.repeats} rounds, {args.threads} thread(s); block / token ratios min / median / max over rounds"
     )
     print(f"{'example':9} {'T':>4} {'accept tok':>10} {'accept blk':>10} {'tok/step ratio':>20} {'tok/s ratio':>20}")

@@ -3,12 +3,14 @@ in order, one JSON result written (a batch vLLM refuses is recorded as {"error":
 
 JOB: {"engine": {LLM keyword arguments, "model" included}, "batches": {name: [{"prompt": str,
 "params": {SamplingParams keyword arguments}}, ...]}}. Each batch is one `LLM.generate` call.
-JOB may also hold "probes": [names of PROBES], each run in every worker after the batches.
+JOB may also hold "probes": [names of PROBES], each run in every worker after the batches. Under torchrun (one
+process per data-parallel rank, vLLM's external_launcher), JOB holds "ranks" instead of "batches": rank r
+(torchrun's RANK) generates ranks[r] and writes RESULT.r.
 RESULT: {"batches": {name: [{"token_ids": [...], "text": str, "logprobs": [[[id, logprob], ...], ...] | null,
 "sequences": [the same for each of the request's n sequences]}]}, "spec_decode": {name: vLLM's spec-decode
 counters' increase over the batch: drafts, draft_tokens, accepted_tokens}, "workers": [per worker: "hooked"
 (specverify's hooks on its model runner class), "check" (the plug-in's worker check: its line or error)],
-"probes": {name: [per worker: what the probe saw]}, "start_seconds", "generate_seconds"}.
+"probes": {name: [per worker: what the probe saw]}, "start_seconds", "generate_seconds", "pid" (this process)}.
 The engine is shut down before the script exits, so at most one engine runs per job.
 """
 
@@ -102,11 +104,21 @@ def _generate(llm, requests: list[dict]):
     )
 
 
+def _this_rank(job: dict, result_path: str) -> tuple[dict, str]:
+    """(the batches this process generates, where it writes its result): the job's own, or under torchrun
+    (job["ranks"]: one batches dict per data-parallel rank) rank RANK's and RESULT.RANK."""
+    if "ranks" not in job:
+        return job["batches"], result_path
+    rank = int(os.environ["RANK"])
+    return job["ranks"][rank], f"{result_path}.{rank}"
+
+
 def main(job_path: str, result_path: str) -> None:
     from vllm import LLM
 
     with open(job_path) as file:
         job = json.load(file)
+    batches_asked, result_path = _this_rank(job, result_path)
     # collective_rpc sends the worker functions above to the engine core as pickles (this driver's own
     # functions, on a local socket), which vLLM allows only when asked
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -114,7 +126,7 @@ def main(job_path: str, result_path: str) -> None:
     llm = LLM(**{"disable_log_stats": False, **job["engine"]})
     start_seconds = time.perf_counter() - started
     batches, seconds, counters = {}, {}, {}
-    for name, requests in job["batches"].items():
+    for name, requests in batches_asked.items():
         began, before = time.perf_counter(), _counters(llm)
         try:
             outputs = _generate(llm, requests)
@@ -131,6 +143,7 @@ def main(job_path: str, result_path: str) -> None:
         "probes": {name: llm.collective_rpc(PROBES[name]) for name in job.get("probes", [])},
         "start_seconds": start_seconds,
         "generate_seconds": seconds,
+        "pid": os.getpid(),
     }
     with open(result_path, "w") as file:
         json.dump(result, file)

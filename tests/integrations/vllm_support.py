@@ -105,14 +105,43 @@ def run_job(
     stopped -> (exit status, the driver's result or None, the processes' combined output). folder: a scratch
     folder (also the working directory)."""
     python = require_vllm()
-    job, result = folder / "job.json", folder / "result.json"
-    job.write_text(json.dumps({"engine": engine, "batches": batches, "probes": list(probes)}))
-    result.unlink(missing_ok=True)
+    job = {"engine": engine, "batches": batches, "probes": list(probes)}
+    status, output = _run_driver([str(python)], job, folder, env or environment(plugin), timeout)
+    return status, _result(folder / "result.json"), output
+
+
+def run_ranks(
+    engine: dict, ranks: list[dict], folder: Path, *, plugin: bool, timeout: float = 600, env: dict | None = None
+) -> tuple[int, list[dict | None], str]:
+    """Offline data parallel as vLLM's external_launcher runs it: one process per rank started by torchrun
+    (`python -m torch.distributed.run`, rendezvous on 127.0.0.1), each building its own engine (engine: LLM
+    keyword arguments with data_parallel_size = len(ranks), distributed_executor_backend="external_launcher")
+    and generating its batches ranks[r] -> (exit status, each rank's driver result or None, the combined output)."""
+    python = require_vllm()
+    launcher = [
+        str(python), "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(len(ranks)),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+    ]  # fmt: skip
+    job = {"engine": engine, "ranks": ranks}
+    status, output = _run_driver(launcher, job, folder, env or environment(plugin), timeout)
+    return status, [_result(folder / f"result.json.{rank}") for rank in range(len(ranks))], output
+
+
+def _run_driver(launcher: list[str], job: dict, folder: Path, env: dict, timeout: float) -> tuple[int, str]:
+    """`LAUNCHER vllm_driver.py folder/job.json folder/result.json` (cwd folder) -> (exit status, its output)."""
+    job_file = folder / "job.json"
+    job_file.write_text(json.dumps(job))
+    for stale in folder.glob("result.json*"):
+        stale.unlink()
     done = subprocess.run(
-        [str(python), str(DRIVER), str(job), str(result)], cwd=folder, env=env or environment(plugin), check=False,
+        [*launcher, str(DRIVER), str(job_file), str(folder / "result.json")], cwd=folder, env=env, check=False,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
     )  # fmt: skip
-    return done.returncode, json.loads(result.read_text()) if result.exists() else None, done.stdout
+    return done.returncode, done.stdout
+
+
+def _result(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def free_port() -> int:
@@ -122,18 +151,25 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+#: The model arguments every served engine gets here (float32, eager, 1024 tokens of context, seed 0).
+SERVED_MODEL = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--seed", "0")
+CLI = Path(__file__).with_name("vllm_cli.py")
+
+
 class Server:
     """vLLM's OpenAI-compatible server, bound to 127.0.0.1, as a child process of the test."""
 
     def __init__(self, process: subprocess.Popen, port: int, log: Path) -> None:
         self.process, self.port, self.log = process, port, log
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+    def request(
+        self, method: str, path: str, body: dict | None = None, timeout: float = 120, headers: dict | None = None
+    ) -> tuple[int, dict]:
         """One HTTP request to the server -> (status, the JSON body, or {"raw": text} if not JSON)."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             payload = None if body is None else json.dumps(body)
-            connection.request(method, path, payload, {"Content-Type": "application/json"})
+            connection.request(method, path, payload, {"Content-Type": "application/json", **(headers or {})})
             response = connection.getresponse()
             text = response.read().decode()
         finally:
@@ -143,8 +179,38 @@ class Server:
         except json.JSONDecodeError:
             return response.status, {"raw": text}
 
+    def healthy(self) -> bool:
+        """Whether /health answers 200 now."""
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            return self.request("GET", "/health", timeout=5)[0] == 200
+        return False
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def launched(command: list[str], folder: Path, log: Path, env: dict[str, str], stop_grace: float = 60):
+    """Run `command` (cwd folder, its own process group, stdout and stderr into log) -> yield the Popen; at the
+    end stop it: SIGINT, then SIGKILL of its process group after stop_grace seconds, and of whatever of the
+    group is still alive."""
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            command, cwd=folder, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=stop_grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # any engine process of the group still alive
+            os.killpg(process.pid, signal.SIGKILL)
+        print(f"{' '.join(command[1:4])} stopped (status {process.returncode})", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -155,55 +221,50 @@ def serve(
     plugin: bool = True,
     start_timeout: float = 420,
     env: dict[str, str] | None = None,
+    ready: bool = True,
+    stop_grace: float = 60,
 ) -> Iterator[Server]:
-    """Start `python -m vllm.entrypoints.openai.api_server --model MODEL --host 127.0.0.1 --port P ...`,
-    wait until /health answers, yield the Server, then stop it (SIGINT, then SIGKILL of its process group
-    after 60 s) and wait for it. env: variables added to `environment(plugin)`."""
+    """Start `python -m vllm.entrypoints.openai.api_server --model MODEL --host 127.0.0.1 --port P ...`, wait
+    until /health answers (unless ready=False), yield the Server, then stop it (`launched`). env: variables
+    added to `environment(plugin)`."""
     python = require_vllm()
     port = free_port()
-    log = folder / "server.log"
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "smollm2",
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-        "--seed", "0", *arguments,
+        "--host", "127.0.0.1", "--port", str(port), *SERVED_MODEL, *arguments,
     ]  # fmt: skip
-    with open(log, "w") as sink:
-        process = subprocess.Popen(
-            command,
-            cwd=folder,
-            env=environment(plugin, **(env or {})),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Server(process, port, log)
-    try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"the vLLM server exited with status {process.returncode}:\n{server.output()[-4000:]}"
-                )
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if server.request("GET", "/health", timeout=5)[0] == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the vLLM server did not answer /health in {start_timeout} s:\n{server.output()[-4000:]}"
-                )
-            time.sleep(1)
+    log = folder / "server.log"
+    with launched(command, folder, log, environment(plugin, **(env or {})), stop_grace) as process:
+        server = Server(process, port, log)
+        if ready:
+            wait_until_healthy(server, start_timeout)
         yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):  # any engine process of the server's group still alive
-            os.killpg(process.pid, signal.SIGKILL)
-        print(f"vLLM server on port {port} stopped (status {process.returncode})", file=sys.stderr)
+
+
+def wait_until_healthy(server: Server, timeout: float) -> None:
+    """Return once /health answers 200; RuntimeError with the end of the log if the server exits first or
+    does not answer within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not server.healthy():
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"the vLLM server exited with status {server.process.returncode}:\n{server.output()[-4000:]}"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the vLLM server did not answer /health in {timeout} s:\n{server.output()[-4000:]}")
+        time.sleep(1)
+
+
+@contextlib.contextmanager
+def headless(model: Path, folder: Path, *arguments: str, plugin: bool, env: dict[str, str] | None = None):
+    """Start data-parallel engine cores without a front end, as another node would: vLLM's own command line,
+    `vllm serve MODEL --headless ...` (through vllm_cli.py) -> yield the Popen (its output in folder/headless.log),
+    then stop it (`launched`). env: variables added to `environment(plugin)`."""
+    python = require_vllm()
+    command = [str(python), str(CLI), "serve", str(model), "--headless", *SERVED_MODEL, *arguments]
+    log = folder / "headless.log"
+    with launched(command, folder, log, environment(plugin, **(env or {}))) as process:
+        yield process
 
 
 def assert_speculated(result: dict, batch: str) -> None:

@@ -4,7 +4,8 @@ V1 model runner verify every draft with `stochastic_acceptance_sampler` and samp
 
 Modules: entry (the entry point, opt-in, version gate), options (engine options checked at start),
 layout (vLLM's flat metadata onto our padded [B, K] contract and back), rows (per-request seeds and
-min-p), hooks (the patches and the worker check). Importing this package does not import vLLM.
+min-p), hooks (the patches and the worker check), handshake (data-parallel engine cores refuse a front end
+with the plug-in when they run without it). Importing this package does not import vLLM.
 """
 
 from .entry import (

@@ -1,7 +1,8 @@
 """The `vllm.general_plugins` entry point: opt-in by SPECVERIFY_VLLM=1, and the vLLM versions we support.
 
 vLLM calls `register()` once in each of its processes (API server or LLM, engine core, workers). Without
-SPECVERIFY_VLLM=1 it does nothing, so installing specverify changes no vLLM that did not ask for it.
+SPECVERIFY_VLLM=1 it only guards the engine core: one whose data-parallel front end runs the plug-in fails its
+start (handshake.py); any other vLLM that did not ask for the plug-in runs unchanged.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ def check_version(version: str) -> None:
 
 
 def register() -> None:
-    """The entry point: when SPECVERIFY_VLLM=1, check vLLM's version and install the hooks in this process.
-    Raises (failing the engine start) on an unsupported version or a patch that cannot be applied."""
+    """The entry point: guard this process's engine core against a front end with the plug-in (always); when
+    SPECVERIFY_VLLM=1, check vLLM's version and install the hooks. Raises (failing the engine start) on an
+    unsupported version or a patch that cannot be applied."""
+    from . import handshake
+
+    handshake.guard_engine_core()
     if not enabled():
         return
     import vllm

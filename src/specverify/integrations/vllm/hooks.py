@@ -10,13 +10,16 @@ Patched once per process by `install()`:
 - `SamplingParams._validate_spec_decode`: min_p is allowed with speculation, logit_bias still refused;
 - `EngineArgs.create_engine_config`: unsupported options (options.py) fail before any engine process starts;
 - `EngineCore._initialize_kv_caches`: checks the options again, then asks every worker, once the engine
-  is built, whether the hooks are in place (`worker_check`) and logs the one line saying the plug-in is on.
+  is built, whether the hooks are in place (`worker_check`) and logs the one line saying the plug-in is on;
+- vLLM's data-parallel handshake: every engine core this process's front end starts or waits for is told
+  that the front end runs the plug-in, and refuses to start without it (handshake.py).
 Penalties, bad words, allowed-token masks, min-tokens and grammar bitmasks stay vLLM's: they are applied to
 the logits exactly where vLLM applies them, and specverify samples from what they leave.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 import weakref
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 from ... import kernels, sample, stochastic_acceptance_sampler
-from . import layout, options
+from . import handshake, layout, options
 from .rows import RequestRows
 
 #: How the line an engine logs when the plug-in is on begins.
@@ -367,6 +370,7 @@ def install() -> None:
     try:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.sampling_params import SamplingParams
+        from vllm.v1.engine import utils as engine_utils
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.sample.rejection_sampler import RejectionSampler
         from vllm.v1.sample.sampler import Sampler
@@ -385,4 +389,9 @@ def install() -> None:
     if "_validate_spec_decode" not in SamplingParams.__dict__:
         raise HookError("specverify's vLLM plug-in cannot patch SamplingParams._validate_spec_decode: not found")
     SamplingParams._validate_spec_decode = _validate_spec_decode
+    if not dataclasses.is_dataclass(getattr(engine_utils, "EngineHandshakeMetadata", None)):
+        raise HookError(
+            "specverify's vLLM plug-in needs vllm.v1.engine.utils.EngineHandshakeMetadata, which this vLLM lacks"
+        )
+    handshake.mark_front_end(engine_utils)
     _installed = True

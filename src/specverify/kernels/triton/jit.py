@@ -825,12 +825,13 @@ def residual_tile_sums(weights, walked, threshold, recovery, SHAPE: tl.constexpr
 @triton.jit
 def walk_tiles(weights, walking, kept, target, recovery, FLAGS: tl.constexpr, TILE: tl.constexpr):
     """The inverse-CDF walk over the kept weights (KeptSet; Flags.SAMPLED: the recovery's terms for judged
-    rows, Recovery, with q / P under BLOCK_VERIFICATION) of `walking` rows, tile after tile as a walk over every tile, but reading a tile only where
-    its sum (kept.sums [R, TILES], the sums of those terms: exact, or first_pass's within rounding) can take
-    the running sum past the target: within WALK_MARGIN, above that rounding, so it stops where the full
-    walk would. The running sum enters a tile as the total of the earlier tiles' sums, read or not (so
-    which tiles are read does not change the draw, and the last one ends at in_order(sums), the mass the
-    target is a share of); within a tile it adds the exact terms -> int64 [R]."""
+    rows, Recovery, with q / P under BLOCK_VERIFICATION) of `walking` rows, tile after tile as a walk over
+    every tile, but reading a tile only where its sum (kept.sums [R, TILES], the sums of those terms: exact,
+    or first_pass's within rounding) can take the running sum past the target: within WALK_MARGIN, above
+    that rounding, so it stops where the full walk would. The running sum enters a tile as the total of the
+    earlier tiles' sums, read or not (so which tiles are read does not change the draw, and the last one
+    ends at in_order(sums), the mass the target is a share of); within a tile it adds the exact terms
+    -> int64 [R]."""
     ROWS: tl.constexpr = walking.shape[0]
     V = weights.logits.V
     slots = tl.arange(0, kept.sums.shape[1])
@@ -847,7 +848,8 @@ def walk_tiles(weights, walking, kept, target, recovery, FLAGS: tl.constexpr, TI
         if FLAGS.SAMPLED:
             q_at = recovery.probs + recovery.q_row[:, None] * V + cols[None, :]
             q = tl.load(q_at, mask=(read & recovery.judged)[:, None] & inside, other=0.0).to(tl.float32)
-            terms = residual_terms(terms, over_joint(q, recovery, FLAGS.BLOCK_VERIFICATION), cols[None, :], recovery)
+            q = over_joint(q, recovery, FLAGS.BLOCK_VERIFICATION)
+            terms = residual_terms(terms, q, cols[None, :], recovery)
         _, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
         before = before + tile_sum  # the tile's sum, not its terms' total: the same whether it was read
     return tl.where(found, token, tl.maximum(last, 0))

@@ -17,7 +17,8 @@ from specverify.bench.inputs import make_batch
 
 @dataclass(frozen=True)
 class Case:
-    """One row setting, applied to every row of the batch; flat: logits without heavy head tokens, * 0.1."""
+    """One row setting, applied to every row of the batch; flat: logits without heavy head tokens, * 0.1;
+    block: the sampled drafts judged as a block (verification="block", SPEC §3.6)."""
 
     temperature: float
     top_k: int = -1
@@ -25,9 +26,12 @@ class Case:
     min_p: float | None = None
     sampled: bool = False
     flat: bool = False
+    block: bool = False
 
 
-#: The cases of issue 24's table (the first four), then min-p, top-p alone and a flat row (many candidates).
+#: The cases of issue 24's table (the first four), then min-p, top-p alone and a flat row (many candidates), then
+#: block verification (issue 32) beside token-wise sampled drafts, with and without truncation (rows on
+#: candidates, rows walked by tiles).
 CASES = {
     "argmax, temperature only": Case(0.8),
     "argmax, temperature + top-k 50 + top-p 0.9": Case(0.8, 50, 0.9),
@@ -36,6 +40,9 @@ CASES = {
     "argmax, temperature + top-k 50 + top-p 0.9 + min-p 0.05": Case(0.8, 50, 0.9, min_p=0.05),
     "argmax, temperature + top-p 0.95": Case(1.0, top_p=0.95),
     "argmax, flat logits, temperature + top-p 0.9": Case(1.0, top_p=0.9, flat=True),
+    "block, temperature + top-k 50 + top-p 0.9": Case(0.8, 50, 0.9, sampled=True, block=True),
+    "sampled, temperature only": Case(0.8, sampled=True),
+    "block, temperature only": Case(0.8, sampled=True, block=True),
 }
 
 
@@ -60,4 +67,6 @@ def logits_for(case: Case, batch: int, positions: int, vocab: int, dtype: torch.
         arguments["min_p"] = torch.full((batch,), case.min_p)
     if case.sampled:
         arguments.update(draft_proposal="sampled", draft_probs_full=made.draft_probs)
+    if case.block:
+        arguments["verification"] = "block"
     return arguments

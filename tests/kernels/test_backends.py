@@ -249,3 +249,118 @@ def test_a_new_build_keeps_only_the_most_recently_used_builds(tmp_path):
     native._remove_old_builds(new)
     kept = sorted(tmp_path.glob("kernels-*.so"))
     assert kept == sorted([*builds[: native.KEPT_BUILDS - 1], new]) and other.is_dir()
+
+
+def _block_call(
+    positions: int, dtype: torch.dtype, seed: int, batch: int = 16, vocab: int = 96, close: bool = False
+) -> dict:
+    """A block-verification call (SPEC §3.6) with every kind of row: greedy rows among sampled ones,
+    temperatures, top-k, top-p and min-p, grammar masks on half the rows, ragged drafts (some rows drafting
+    nothing), and at each position a q of one kind: a softmax, all zero (no distribution), one-hot, the
+    target's own p~ (P stays 1) or p~ mixed with a softmax (P falls slowly); drafts drawn from q; logits and
+    q in `dtype`. close: every q the mixture, where block verification most often commits more than
+    token-wise (with a small vocabulary)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(values, dt):
+        return torch.tensor(values, dtype=dt)[torch.randint(0, len(values), (batch,), generator=g)]
+
+    logits = torch.randn(batch, positions + 1, vocab, generator=g) * 2
+    allowed = torch.rand(batch, positions + 1, vocab, generator=g) < 0.8
+    allowed.scatter_(-1, logits.argmax(-1, keepdim=True), True)
+    bitmask = sv.pack_bitmask(allowed)
+    bitmask[::2] = -1
+    params = dict(
+        temperature=pick([0.0, 0.7, 1.0, 1.3], torch.float32),
+        top_k=pick([-1, -1, 5, 40], torch.int64),
+        top_p=pick([1.0, 0.9, 0.6], torch.float32),
+        min_p=pick([0.0, 0.0, 0.05], torch.float32),
+    )
+    each = {name: value.repeat_interleave(positions + 1) for name, value in params.items()}
+    target = sv.truncated_probs(
+        logits.view(-1, vocab).to(dtype), **each, token_bitmask=bitmask.view(batch * (positions + 1), -1)
+    ).view(batch, positions + 1, vocab)[:, :positions]
+    softmax = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 2, -1)
+    one_hot = torch.nn.functional.one_hot(torch.randint(0, vocab, (batch, positions), generator=g), vocab).float()
+    kinds = torch.stack([softmax, torch.zeros_like(softmax), one_hot, target, (target + softmax) / 2])
+    choice = torch.randint(0, len(kinds), (batch, positions), generator=g)
+    choice = torch.full_like(choice, len(kinds) - 1) if close else choice
+    q = kinds.gather(0, choice[None, ..., None].expand(1, batch, positions, vocab))[0]
+    empty = (q.sum(-1, keepdim=True) == 0).float()  # no distribution: any draft
+    draft = torch.multinomial((q + empty).view(-1, vocab), 1, generator=g).view(batch, positions)
+    ends = torch.randint(0, positions + 1, (batch,), generator=g)
+    ragged = torch.rand(batch, generator=g) < 0.3
+    draft = torch.where(ragged[:, None] & (torch.arange(positions) >= ends[:, None]), -1, draft)
+    return dict(
+        draft_tokens=draft,
+        target_logits=logits.to(dtype),
+        **{name: value for name, value in params.items() if name != "min_p"},
+        max_k=None,
+        min_top_p=None,
+        seed=torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g),
+        token_bitmasks=bitmask,
+        min_p=params["min_p"],
+        draft_proposal="sampled",
+        draft_probs_full=q.to(dtype),
+        verification="block",
+        validate=dtype == torch.float32,  # (16-bit q rows need not sum to 1 within the check's 1e-3)
+    )
+
+
+def _assert_block_tokens_equal(args: dict) -> None:
+    """The Triton kernel's block verification (in the whole-call kernel) against the stages on the torch
+    reference: the same first rejection and committed tokens in every row; the SPEC §1 invariants hold."""
+    outputs = {}
+    for name in ("torch", "triton"):
+        with backend_path(name):
+            outputs[name] = sv.stochastic_acceptance_sampler(**args)
+    reference, candidate = (sv.committed_tokens(*outputs[name]) for name in ("torch", "triton"))
+    assert torch.equal(outputs["torch"][0], outputs["triton"][0]), (outputs["torch"][0], outputs["triton"][0])
+    assert torch.equal(reference[0], candidate[0]), (reference[0], candidate[0])
+    with backend_path("torch"):
+        check_output_invariants({k: v for k, v in args.items() if k != "validate"}, outputs["triton"])
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("positions", [0, 1, 2, 3, 4])
+def test_triton_block_verification_commits_what_the_stages_commit(positions, dtype):
+    """verification="block" in the Triton whole-call kernel: ragged drafts, greedy rows mixed in,
+    top-k/top-p/min-p, grammar masks, all-zero and one-hot q rows, 16-bit logits and q, K = 0..4: every
+    row's first rejection and committed tokens equal the stages' on the torch reference (at V = 96, and at
+    V = 4 with q close to p~, where block and token-wise verdicts differ most)."""
+    _assert_block_tokens_equal(_block_call(positions, dtype, seed=100 * positions))
+    _assert_block_tokens_equal(_block_call(positions, dtype, seed=100 * positions + 1, batch=64, vocab=4, close=True))
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter")
+def test_the_block_cases_tell_block_from_token_wise():
+    """The comparisons above mean something: on a close case of 256 rows the Triton kernel's block verdicts
+    commit a number of tokens other than token-wise's in many rows (more on the whole), the stages' exactly
+    (P_tau < 1 at tau >= 1 in enough rows that the residual's q / P shows)."""
+    args = _block_call(4, torch.float32, seed=401, batch=256, vocab=4, close=True)
+    _assert_block_tokens_equal(args)
+    with backend_path("triton"):
+        block = sv.committed_tokens(*sv.stochastic_acceptance_sampler(**args))[1]
+        token = sv.committed_tokens(*sv.stochastic_acceptance_sampler(**{**args, "verification": "token"}))[1]
+    assert int((block != token).sum()) >= 10 and int((block - token).sum()) > 0, (block, token)
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton and its interpreter")
+def test_triton_block_verification_over_many_tiles_and_wide_nuclei(monkeypatch):
+    """The same where rows are walked by tiles: interpreted tiles of 16 columns (19 per row, the row's max
+    growing from tile to tile, so each lazily computed residual is a pass of its own), 32 candidates a row
+    (as a GPU's block programs keep fewer: top-k 40 rows searched, top-p rows cut into regions), and top-p
+    rows whose nucleus is too large for the candidates (V = 3000, flat logits)."""
+    from specverify.kernels import triton as launchers
+
+    _assert_block_tokens_equal(_block_call(4, torch.float32, seed=7, vocab=300))
+    monkeypatch.setattr(launchers, "INTERPRETED_MAX_TILE", 16)
+    _assert_block_tokens_equal(_block_call(4, torch.float32, seed=8, vocab=300))
+    monkeypatch.setattr(launchers, "MAX_CANDIDATES", 32)
+    _assert_block_tokens_equal(_block_call(3, torch.float32, seed=10, vocab=300))
+    monkeypatch.undo()
+    args = _block_call(2, torch.float32, seed=9, batch=6, vocab=3000)
+    args["target_logits"] = args["target_logits"] * 0.05
+    args["top_k"] = torch.full((6,), -1)
+    _assert_block_tokens_equal(args)

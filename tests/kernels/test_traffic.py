@@ -30,6 +30,9 @@ BOUNDS = {
     "argmax, temperature + top-k 50 + top-p 0.9 + min-p 0.05": (2.15, 2.15),
     "argmax, temperature + top-p 0.95": (3.0, 3.0),
     "argmax, flat logits, temperature + top-p 0.9": (3.45, 3.45),
+    "block, temperature + top-k 50 + top-p 0.9": (2.15, 2.15),
+    "sampled, temperature only": (3.15, 4.15),
+    "block, temperature only": (2.3, 2.85),
 }
 
 
@@ -68,6 +71,18 @@ def test_passes_over_the_logits_stay_under_their_bound(bench_traffic, case, dtyp
     assert measured["passes"] <= bound, (case, dtype, measured["passes"], measured["kernels"])
     assert measured["logits_passes"] >= 1.0, measured["kernels"]  # the logits' reads, charged to logits.data
     assert measured["gpu_launches"] == ["full", "triton:verify_kernel"], measured["gpu_launches"]
+
+
+@pytest.mark.parametrize("truncation", ["temperature + top-k 50 + top-p 0.9", "temperature only"])
+def test_block_verification_reads_no_more_than_token_wise(bench_traffic, truncation):
+    """SPEC §3.6 in the whole-call kernel reads what token-wise sampled drafts read at most: the residual
+    mass of a prefix only where its test needs it, and draws only at tau and the bonus (on candidates for
+    the truncated rows: the same 2 passes; rows walked by tiles read less)."""
+    token, block = (
+        bench_traffic.measure(bench_traffic.CASES[f"{rule}, {truncation}"], dtype=torch.float32, **SIZE)
+        for rule in ("sampled", "block")
+    )
+    assert block["passes"] <= token["passes"], (block["kernels"], token["kernels"])
 
 
 @pytest.mark.parametrize("seed", [12345, -1, 2**64 - 1])

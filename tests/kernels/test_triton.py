@@ -391,7 +391,7 @@ def _count_launches(run) -> tuple[int, list[str]]:
     return out, seen
 
 
-@pytest.mark.parametrize("mode", ["argmax", "sampled", "relaxed"])
+@pytest.mark.parametrize("mode", ["argmax", "sampled", "block", "relaxed"])
 def test_a_whole_call_is_two_launches_without_host_reads(mode):
     """validate=False: the fill of first_rejected_idx and one Triton kernel; nothing read back to the host
     (so the call can be captured in a CUDA graph), and outputs that keep every SPEC §1 invariant."""
@@ -409,10 +409,11 @@ def test_a_whole_call_is_two_launches_without_host_reads(mode):
         token_bitmasks=sv.pack_bitmask(torch.rand(batch, positions + 1, vocab, generator=g) < 0.9),
         min_p=torch.tensor([0.0, 0.1, 0.0, 0.0]),
     )
-    if mode == "sampled":
+    if mode in ("sampled", "block"):
         args.update(
             draft_proposal="sampled",
             draft_probs_full=torch.softmax(torch.randn(batch, positions, vocab, generator=g), -1),
+            verification="block" if mode == "block" else "token",
         )
     if mode == "relaxed":
         args.update(in_thinking_phase=torch.tensor([True, False, True, True]), relaxed_topk=3, relaxed_delta=0.3)

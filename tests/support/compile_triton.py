@@ -38,9 +38,8 @@ def _shape(rows: int, vocab: int, block: int | None = None, search: bool = True)
     return shape
 
 
-#: The flags of verify_kernel's variants, in verify_flags' order: a grammar mask (int32 Logits.words), HAS_MIN_P,
-#: SHARED_SEED, HAS_RELAXED, SAMPLED
-#: (relaxed rows and sampled drafts never meet in one call).
+#: The flags of verify_kernel's token-wise variants, in verify_flags' order: a grammar mask (int32 Logits.words),
+#: HAS_MIN_P, SHARED_SEED, HAS_RELAXED, SAMPLED (relaxed rows and sampled drafts never meet in one call).
 VERIFY_FLAGS = [flags for flags in itertools.product((False, True), repeat=5) if not (flags[3] and flags[4])]
 
 
@@ -61,13 +60,18 @@ def pairwise_cover(combinations: list[tuple[bool, ...]], start: list[tuple[bool,
 
 
 def verify_flags(dtype: str) -> list[tuple[bool, ...]]:
-    """The flag combinations of verify_kernel compiled for logits of `dtype`: float32 a pairwise cover of
-    every combination from REPRESENTATIVE's two (one variant compiles in about 20 s: the full product of 24
-    would take most of an hour on two cores), 16-bit logits masked with min-p in relaxed rows and in sampled drafts (the paths
-    that read them) with a seed tensor."""
+    """The flag combinations of verify_kernel compiled for logits of `dtype`, each with BLOCK_VERIFICATION
+    last: float32 a pairwise cover of every token-wise combination from REPRESENTATIVE's two (one variant
+    compiles in about 20 s: the full product of 24 would take most of an hour on two cores) and block
+    verification masked with min-p and a seed tensor, and unmasked with an int seed; 16-bit logits masked
+    with min-p in relaxed rows and in sampled drafts, token-wise and as blocks (the paths that read them)
+    with a seed tensor."""
     if dtype == "fp32":
-        return pairwise_cover(VERIFY_FLAGS, start=[(True, True, True, True, False), (False, True, True, False, True)])
-    return [(True, True, False, True, False), (True, True, False, False, True)]
+        start = [(True, True, True, True, False), (False, True, True, False, True)]
+        token = [(*flags, False) for flags in pairwise_cover(VERIFY_FLAGS, start=start)]
+        return token + [(True, True, False, False, True, True), (False, False, True, False, True, True)]
+    masked = (True, True, False)  # a grammar mask, min-p, a seed tensor
+    return [(*masked, True, False, False), (*masked, False, True, False), (*masked, False, True, True)]
 
 
 def variants():
@@ -75,8 +79,13 @@ def variants():
     flags as verify_flags chooses them."""
     big, small = _shape(160, 128256, 1024), _shape(4096, 12, 12)
     whole = {
-        label: {name: verify_shape(rows, vocab, CUDA)[name] for name in ("TILES", "CANDIDATES")}
+        label: {name: verify_shape(rows, vocab, CUDA)[name] for name in ("TILES", "CANDIDATES", "SPAN")}
         for label, rows, vocab in (("V=128256", 160, 128256), ("V=12", 4096, 12))
+    }
+    # block verification: K = 4, SPAN 8 lanes per request (32 requests at V = 128256, 1024 at V = 12)
+    blocks = {
+        label: {name: value for name, value in verify_shape(lanes, vocab, CUDA, 8).items() if name != "num_warps"}
+        for label, lanes, vocab in (("V=128256", 256, 128256), ("V=12", 8192, 12))
     }
     for dtype, (label, shape) in itertools.product(FLOATS, [("V=128256", big), ("V=12", small)]):
         for min_p in (False, True):
@@ -145,7 +154,7 @@ def variants():
                 signature,
                 dict(RECOVERY=recovery, **{k: v for k, v in shape.items() if k != "SEARCH"}),
             )
-        for mask, min_p, shared, relaxed, sampled in verify_flags(dtype):
+        for mask, min_p, shared, relaxed, sampled, block in verify_flags(dtype):
             signature = {
                 "logits": groups.Logits(data=FLOATS[dtype], words="*i32" if mask else FLOATS[dtype], V="i32", W="i32"),
                 "requests": groups.Requests(
@@ -169,10 +178,12 @@ def variants():
                 SEED_GIVEN=shared and not mask,
                 HAS_RELAXED=relaxed,
                 SAMPLED=sampled,
+                BLOCK_VERIFICATION=block,
             )
-            tiling = groups.constexprs(groups.Shape, **shape, **whole[label])
+            tiling = groups.constexprs(groups.Shape, **(blocks[label] if block else {**shape, **whole[label]}))
             yield (
-                f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}",
+                f"verify {dtype} {label} mask={mask} min_p={min_p} shared={shared} relaxed={relaxed} sampled={sampled}"
+                + (" block=True" if block else ""),
                 jit.verify_kernel,
                 signature,
                 {"FLAGS": flags, "SHAPE": tiling},
@@ -191,6 +202,7 @@ REPRESENTATIVE = (
     "verify bf16 V=128256 mask=True min_p=True shared=False relaxed=False sampled=True",
     "verify fp32 V=128256 mask=True min_p=True shared=True relaxed=True sampled=False",
     "verify fp32 V=128256 mask=False min_p=True shared=True relaxed=False sampled=True",  # an int seed
+    "verify bf16 V=128256 mask=True min_p=True shared=False relaxed=False sampled=True block=True",
 )
 
 

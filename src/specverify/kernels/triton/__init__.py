@@ -17,7 +17,7 @@ import torch
 from ...contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE, MASK64
 from ..backend import Backend
 from ..interface import FROM_RESIDUAL, WITHOUT_DRAFT, ChainCall, TreeCall
-from ..stages import chain, tree
+from ..stages import tree
 from . import jit
 from .groups import (
     Drafts,
@@ -36,6 +36,11 @@ from .groups import (
 #: Elements per program a tile holds on a GPU (a [ROWS, TILE] tile; searches [ROWS, SEARCH, 16]).
 GPU_TILE_ELEMENTS = 1024
 GPU_SEARCH_ELEMENTS = 2048
+#: A program of block verification holds whole requests (ROWS >= SPAN): on a GPU its [ROWS, TILE] tiles hold
+#: up to this many elements (wider tiles than 1024 / ROWS: the [ROWS, TILES] tile sums, updated at every tile,
+#: stay small), and its candidates ROWS * CANDIDATES <= MAX_CANDIDATES (the [ROWS, CANDIDATES, 16] searches
+#: on them stay the size of a token-wise row's).
+GPU_BLOCK_TILE_ELEMENTS = 4096
 #: Under the interpreter: as large as this, so that few programs run.
 INTERPRETED_TILE_ELEMENTS = 1 << 16
 INTERPRETED_MAX_TILE = 4096
@@ -80,16 +85,28 @@ MAX_CANDIDATES = 1024
 MAX_TENSOR_ELEMENTS = 1 << 20
 
 
-def verify_shape(rows: int, vocab: int, device: torch.device) -> dict:
+def verify_shape(rows: int, vocab: int, device: torch.device, span: int = 1) -> dict:
     """launch_shape for verify_kernel, with TILES (tile sums per row, a power of two) and CANDIDATES (the
     candidates' slots per row, a power of two: MAX_CANDIDATES, or fewer for a small vocabulary); ROWS and
     SEARCH small enough for compact's [ROWS, SEARCH, SPLITS] cuts (only the interpreter's wide programs
-    need it)."""
+    need it). span: SPAN, the lanes of a request (block verification: a power of two >= K + 1; ROWS is at
+    least that, a program holding whole requests; on a GPU its tiles, searches and candidates narrowed as
+    GPU_BLOCK_TILE_ELEMENTS says)."""
     shape = launch_shape(rows, vocab, device)
+    gpu_block = device.type == "cuda" and span > 1
+    if shape["ROWS"] < span:
+        shape["ROWS"] = span
+        if device.type == "cuda":
+            shape["TILE"] = max(16, min(shape["TILE"], GPU_BLOCK_TILE_ELEMENTS // span))
+            shape["SEARCH"] = max(16, min(shape["TILE"], GPU_SEARCH_ELEMENTS // (span * jit.RADIX.value)))
+            shape["num_warps"] = 8
     shape["ROWS"] = min(shape["ROWS"], MAX_TENSOR_ELEMENTS // (16 * jit.SPLITS.value))
     shape["SEARCH"] = min(shape["SEARCH"], max(16, MAX_TENSOR_ELEMENTS // (shape["ROWS"] * jit.SPLITS.value)))
     shape["TILES"] = _next_power_of_two(-(-vocab // shape["TILE"]))
     shape["CANDIDATES"] = min(MAX_CANDIDATES, max(16, _next_power_of_two(vocab)))
+    if gpu_block:
+        shape["CANDIDATES"] = min(shape["CANDIDATES"], max(16, MAX_CANDIDATES // shape["ROWS"]))
+    shape["SPAN"] = span
     return shape
 
 
@@ -287,6 +304,7 @@ def verify_rows(
     draft_probs: torch.Tensor | None,
     greedy_below: float,
     rtol: float,
+    block: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A whole verifier call (SPEC §1-§5) for checked arguments: two launches (the fill of first_rejected
     and one kernel), no host read.
@@ -295,7 +313,8 @@ def verify_rows(
     (any float dtype); bitmask: int32 [B, K+1, ceil(V/32)] or None; temperature, top_k, top_p, min_p: [B];
     seed: an int or int64 [] shared (row b uses s + b * contract.ROW_STRIDE; an int goes to the kernel as
     arguments, no device tensor made) or int64 [B]; thinking: bool [B] or None with
-    relaxed_topk and relaxed_delta; draft_probs: float [B, K, V] for sampled drafts, else None.
+    relaxed_topk and relaxed_delta; draft_probs: float [B, K, V] for sampled drafts, else None; block: judge
+    sampled drafts as a block (SPEC §3.6: a program holds whole requests, a power of two >= K + 1 lanes each).
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1]).
     """
     batch, positions = draft.shape
@@ -307,7 +326,9 @@ def verify_rows(
     bonus = torch.empty(batch, 1, dtype=torch.int64, device=device)
     if batch == 0:
         return first, recovered, bonus
-    shape = verify_shape(rows, vocab, device)
+    span = _next_power_of_two(positions + 1) if block else 1
+    lanes = batch * span if block else rows  # (rows of a program, where each request takes span of them)
+    shape = verify_shape(lanes, vocab, device, span)
     candidates = torch.empty(rows, shape["CANDIDATES"], dtype=torch.int64, device=device)
     given = isinstance(seed, int)
     relaxed = thinking is not None and relaxed_topk is not None
@@ -348,19 +369,18 @@ def verify_rows(
             SEED_GIVEN=given,
             HAS_RELAXED=relaxed,
             SAMPLED=draft_probs is not None,
+            BLOCK_VERIFICATION=block,
         ),
         shape,
     )
-    jit.verify_kernel[_grid(rows, shape)](*groups, **_launch_options(shape))
+    jit.verify_kernel[_grid(lanes, shape)](*groups, **_launch_options(shape))
     return first, recovered, bonus
 
 
 def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """interface.WholeCallOps.verify_chain: the whole call in one kernel (verify_rows), the grammar mask,
-    the padding of drafts that are not ids and the keys s_b + j all applied inside it; block verification
-    (SPEC §3.6) in stages over the Triton row ops."""
-    if call.block:
-        return chain.verify_chain(call, sys.modules[__name__])
+    the padding of drafts that are not ids and the keys s_b + j all applied inside it, block verification
+    (SPEC §3.6) too."""
     relaxed = call.relaxed
     return verify_rows(
         call.draft_tokens,
@@ -378,6 +398,7 @@ def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         call.draft_probs,
         GREEDY_TEMPERATURE,
         BOUNDARY_RTOL,
+        call.block,
     )
 
 

@@ -75,6 +75,7 @@ class Flags(NamedTuple):
     SEED_GIVEN: Any  # the shared seed is the kernel's seed_low / seed_high arguments, not a tensor
     HAS_RELAXED: Any  # Requests.thinking is read: relaxed rows exist
     SAMPLED: Any  # sampled drafts: Drafts.probs is read
+    BLOCK_VERIFICATION: Any  # (with SAMPLED) a request's drafts judged as a block (SPEC §3.6), not one by one
 
 
 class Shape(NamedTuple):
@@ -85,6 +86,8 @@ class Shape(NamedTuple):
     SEARCH: Any  # columns per tile of a search or compaction
     TILES: Any  # tile sums a row keeps (>= ceil(V / TILE))
     CANDIDATES: Any  # candidate slots per row
+    SPAN: Any  # lanes per request: 1 (token-wise: a program's rows are any consecutive rows), or (block
+    # verification) a power of two >= K + 1: a program holds ROWS // SPAN whole requests, lane j its position j
 
 
 # --- built by the launchers: the per-op kernels' arguments (with Logits above) --------------------------------
@@ -224,7 +227,8 @@ class KeptSet(NamedTuple):
 
 
 class Recovery(NamedTuple):
-    """What a rejected sampled draft draws from (SPEC §3.2): max(0, p~ - q), or p~ without the draft."""
+    """What a rejected sampled draft draws from (SPEC §3.2): max(0, p~ - q), or p~ without the draft; under
+    block verification (SPEC §3.6) max(0, p~ - q / P)."""
 
     probs: Any  # pointer to the draft's probabilities q [B, K, V]
     q_row: Any  # int64 [R]: b * K + j
@@ -232,3 +236,25 @@ class Recovery(NamedTuple):
     scale: Any  # float32 [R]: 1 / the kept mass
     use_q: Any  # bool [R]: the residual max(0, p~ - q) (else p~ without `excluded`)
     excluded: Any  # int64 [R]: the column left out (-1: none)
+    inverse: Any  # float32 [R]: 1 / P, q's factor in the residual (read only under Flags.BLOCK_VERIFICATION)
+
+
+class Prefixes(NamedTuple):
+    """What block verification (SPEC §3.6) knows of each lane (Shape.SPAN lanes per request), [R] each."""
+
+    lane: Any  # int32: the lane's position j in its request
+    joint: Any  # float64: P_j, the joint ratio of the drafts before j
+    p_draft: Any  # float64: p~_j(d_j) (0 where there is no draft)
+    blind: Any  # bool: a draft judged without a distribution (q_j(d_j) == 0: q_j is its point mass)
+    drafted: Any  # int32: gamma, the request's drafts (at each of its lanes)
+    coin: Any  # float64: u_j, the coin of the prefix of length j (the accept stream's, key j - 1)
+
+
+class Residuals(NamedTuple):
+    """What each lane draws from if it recovers (block verification computes it lazily, lane by lane)."""
+
+    recovery: Any  # Recovery: use_q final at computed lanes
+    listed_q: Any  # float32 [R, CANDIDATES]: q / P at the candidates of computed listed lanes (else 0)
+    kept: Any  # KeptSet: its sums the recovery's at computed lanes walked by tiles
+    total: Any  # float64 [R]: the mass a computed lane's draw is a share of (the kept mass elsewhere)
+    computed: Any  # bool [R]: the lanes whose recovery is known

@@ -39,9 +39,11 @@ from .groups import (
     KeptSet,
     Logits,
     Position,
+    Prefixes,
     Recovery,
     Region,
     Requests,
+    Residuals,
     Roles,
     Scratch,
     Truncation,
@@ -74,6 +76,8 @@ EDGE_SLACK = tl.constexpr(1 << 10)
 # nats deep; denormal ones are far too small to reach a target). 1e-4 covers that tenfold and costs a
 # needless read only where the target lies within 1e-4 of itself above the end of a tile
 WALK_MARGIN = tl.constexpr(1e-4)
+# float32's largest finite value: the bound of 1 / P (block verification's factor of q)
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 # a column index above every real one
 PAST_END = tl.constexpr(1 << 62)
 # weight bits above every weight (1.0's bits + 1: weights are at most 1): a bound that leaves nothing sure
@@ -432,19 +436,20 @@ def draw_kernel(
     row, valid = program_rows(draws.rows, ROWS)
     weight_row = (row // draws.positions) * draws.weight_rows + row % draws.positions
     probs = recovering.probs
-    recovery = Recovery(probs, row, valid, tl.zeros([ROWS], tl.float32), row < 0, tl.full([ROWS], -1, tl.int64))
+    nothing = tl.zeros([ROWS], tl.float32)
+    recovery = Recovery(probs, row, valid, nothing, row < 0, tl.full([ROWS], -1, tl.int64), nothing)
     if RECOVERY:
         scale = tl.load(recovering.scale + row, mask=valid, other=0.0)
         use_q = tl.load(recovering.use_q + row, mask=valid, other=0) != 0
         excluded = tl.load(recovering.excluded + row, mask=valid, other=-1)
-        recovery = Recovery(probs, row, valid, scale, use_q, excluded)
+        recovery = Recovery(probs, row, valid, scale, use_q, excluded, nothing)
         # a residual without mass (p~ == q) falls back to p~
         residual = tl.zeros([ROWS], tl.float64)
         for start in range(0, V, TILE):
             cols = start + tl.arange(0, TILE).to(tl.int64)
             terms = _drawn_terms(draws, weight_row, cols, valid, recovery, RECOVERY)
             residual += tl.sum(tl.where(use_q[:, None], terms, 0.0).to(tl.float64), axis=1)
-        recovery = Recovery(probs, row, valid, scale, use_q & (residual > 0), excluded)
+        recovery = Recovery(probs, row, valid, scale, use_q & (residual > 0), excluded, nothing)
     total = tl.zeros([ROWS], tl.float64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
@@ -785,22 +790,32 @@ def candidate_tile_sums(sure, kept, columns, V, TILE: tl.constexpr):
 
 
 @triton.jit
-def residual_tile_sums(weights, walked, threshold, recovery, TILES: tl.constexpr, TILE: tl.constexpr):
+def over_joint(q, recovery, BLOCK: tl.constexpr):
+    """The q a recovery (Recovery) takes from the draft's probabilities q (float32 [R, C]): q itself, or
+    (BLOCK, block verification) q / P, times recovery.inverse -> float32 [R, C]."""
+    if BLOCK:
+        q = q * recovery.inverse[:, None]
+    return q
+
+
+@triton.jit
+def residual_tile_sums(weights, walked, threshold, recovery, SHAPE: tl.constexpr, BLOCK: tl.constexpr):
     """Per tile of `walked` rows (bool [R]), the float64 sums of the recovery's terms (residual_terms,
-    Recovery) and of the kept weights without the excluded column -> (residual sums, without sums),
-    float64 [R, TILES]."""
+    Recovery; BLOCK: with q / P) and of the kept weights without the excluded column -> (residual sums,
+    without sums), float64 [R, TILES]."""
     ROWS: tl.constexpr = walked.shape[0]
+    TILE: tl.constexpr = SHAPE.TILE
     V = weights.logits.V
-    slots = tl.arange(0, TILES)
-    residual = tl.zeros([ROWS, TILES], tl.float64)
-    without = tl.zeros([ROWS, TILES], tl.float64)
+    slots = tl.arange(0, SHAPE.TILES)
+    residual = tl.zeros([ROWS, SHAPE.TILES], tl.float64)
+    without = tl.zeros([ROWS, SHAPE.TILES], tl.float64)
     for start in range(0, V, TILE):
         cols = start + tl.arange(0, TILE).to(tl.int64)
         at = slots[None, :] == start // TILE
         w, inside = weights_at(weights, cols, walked)
         kept = kept_of(w, inside, threshold[:, None])
         q = tl.load(recovery.probs + recovery.q_row[:, None] * V + cols[None, :], mask=inside, other=0.0)
-        terms = residual_terms(kept, q.to(tl.float32), cols[None, :], recovery)
+        terms = residual_terms(kept, over_joint(q.to(tl.float32), recovery, BLOCK), cols[None, :], recovery)
         residual = tl.where(at, tl.sum(terms.to(tl.float64), axis=1)[:, None], residual)
         kept = tl.where(cols[None, :] == recovery.excluded[:, None], 0.0, kept)
         without = tl.where(at, tl.sum(kept.to(tl.float64), axis=1)[:, None], without)
@@ -808,14 +823,15 @@ def residual_tile_sums(weights, walked, threshold, recovery, TILES: tl.constexpr
 
 
 @triton.jit
-def walk_tiles(weights, walking, kept, target, recovery, SAMPLED: tl.constexpr, TILE: tl.constexpr):
-    """The inverse-CDF walk over the kept weights (KeptSet; SAMPLED: the recovery's terms for judged rows,
-    Recovery) of `walking` rows, tile after tile as a walk over every tile, but reading a tile only where
-    its sum (kept.sums [R, TILES], the sums of those terms: exact, or first_pass's within rounding) can take
-    the running sum past the target: within WALK_MARGIN, above that rounding, so it stops where the full
-    walk would. The running sum enters a tile as the total of the earlier tiles' sums, read or not (so
-    which tiles are read does not change the draw, and the last one ends at in_order(sums), the mass the
-    target is a share of); within a tile it adds the exact terms -> int64 [R]."""
+def walk_tiles(weights, walking, kept, target, recovery, FLAGS: tl.constexpr, TILE: tl.constexpr):
+    """The inverse-CDF walk over the kept weights (KeptSet; Flags.SAMPLED: the recovery's terms for judged
+    rows, Recovery, with q / P under BLOCK_VERIFICATION) of `walking` rows, tile after tile as a walk over
+    every tile, but reading a tile only where its sum (kept.sums [R, TILES], the sums of those terms: exact,
+    or first_pass's within rounding) can take the running sum past the target: within WALK_MARGIN, above
+    that rounding, so it stops where the full walk would. The running sum enters a tile as the total of the
+    earlier tiles' sums, read or not (so which tiles are read does not change the draw, and the last one
+    ends at in_order(sums), the mass the target is a share of); within a tile it adds the exact terms
+    -> int64 [R]."""
     ROWS: tl.constexpr = walking.shape[0]
     V = weights.logits.V
     slots = tl.arange(0, kept.sums.shape[1])
@@ -829,9 +845,10 @@ def walk_tiles(weights, walking, kept, target, recovery, SAMPLED: tl.constexpr, 
         read = walking & ~found & (tile_sum > 0) & ~(before + tile_sum < target * (1.0 - WALK_MARGIN))
         w, inside = weights_at(weights, cols, read)
         terms = kept_of(w, inside, kept.threshold[:, None])
-        if SAMPLED:
+        if FLAGS.SAMPLED:
             q_at = recovery.probs + recovery.q_row[:, None] * V + cols[None, :]
             q = tl.load(q_at, mask=(read & recovery.judged)[:, None] & inside, other=0.0).to(tl.float32)
+            q = over_joint(q, recovery, FLAGS.BLOCK_VERIFICATION)
             terms = residual_terms(terms, q, cols[None, :], recovery)
         _, token, found, last = walk_tile(terms, cols[None, :], target, before, token, found, last)
         before = before + tile_sum  # the tile's sum, not its terms' total: the same whether it was read
@@ -958,40 +975,57 @@ def kept_set(weights, valid, first, truncation, roles, scratch, SHAPE: tl.conste
 
 
 @triton.jit
-def judge_draft(weights, draft, key, kept, recovery):
-    """SPEC §3.1 for sampled drafts at judged rows (Recovery): accept where coin * q(draft) < p~(draft) (a
-    draft q gives no mass is judged with q = 1 and left out of the recovery) -> (accepted bool [R], the
-    Recovery they draw from if rejected, with its scale, use_q and excluded)."""
+def draft_odds(weights, draft, kept, recovery):
+    """p~(d) and q(d) of the drafts at judged rows (Recovery), float64 [R] each (q(d) 1 where q gives the
+    draft no mass: it is judged without a distribution, as its point mass), and which rows hold a draft and
+    which of those q gives none -> (p_draft, q_draft, present, blind)."""
     judged = recovery.judged
     x_draft = load_logit_at(weights.logits, weights.row, draft, judged)
     w_draft = tl.exp((x_draft - weights.top) * weights.inverse)
     w_draft = tl.where(order_bits(w_draft, judged) >= kept.threshold, w_draft, 0.0)
-    mass = kept.mass
-    p_draft = tl.div_rn(w_draft, tl.where(judged, mass, 1.0).to(tl.float32)).to(tl.float64)
+    p_draft = tl.div_rn(w_draft, tl.where(judged, kept.mass, 1.0).to(tl.float32)).to(tl.float64)
     present = judged & (draft >= 0)
     q_at = recovery.probs + recovery.q_row * weights.logits.V + tl.where(present, draft, 0)
     q_draft = tl.load(q_at, mask=present, other=0.0).to(tl.float32).to(tl.float64)
     blind = q_draft <= 0
-    coin = keyed_uniform(key, STREAM_ACCEPT)
-    accepted = present & ~(coin * tl.where(blind, 1.0, q_draft) >= p_draft)
-    scale = tl.where(judged, (1.0 / tl.where(mass > 0, mass, 1.0)).to(tl.float32), 0.0)
-    excluded = tl.where(present & blind, draft, -1)
-    return accepted, Recovery(recovery.probs, recovery.q_row, judged, scale, present & ~blind, excluded)
+    return p_draft, tl.where(blind, 1.0, q_draft), present, blind
 
 
 @triton.jit
-def recovery_mass(weights, kept, recovery, tiled, SHAPE: tl.constexpr):
+def recovery_of(recovery, mass, draft, present, blind):
+    """The Recovery of judged rows (draft_odds' present and blind): scale 1 / the kept mass (float64 [R]),
+    the residual where q gives the draft mass, else p~ without the draft."""
+    judged = recovery.judged
+    scale = tl.where(judged, (1.0 / tl.where(mass > 0, mass, 1.0)).to(tl.float32), 0.0)
+    excluded = tl.where(present & blind, draft, -1)
+    return Recovery(recovery.probs, recovery.q_row, judged, scale, present & ~blind, excluded, recovery.inverse)
+
+
+@triton.jit
+def judge_draft(weights, draft, key, kept, recovery):
+    """SPEC §3.2 for sampled drafts at judged rows (Recovery): accept where coin * q(draft) < p~(draft) (a
+    draft q gives no mass is judged with q = 1 and left out of the recovery) -> (accepted bool [R], the
+    Recovery they draw from if rejected, with its scale, use_q and excluded)."""
+    p_draft, q_draft, present, blind = draft_odds(weights, draft, kept, recovery)
+    coin = keyed_uniform(key, STREAM_ACCEPT)
+    accepted = present & ~(coin * q_draft >= p_draft)
+    return accepted, recovery_of(recovery, kept.mass, draft, present, blind)
+
+
+@triton.jit
+def recovery_mass(weights, kept, recovery, tiled, SHAPE: tl.constexpr, BLOCK: tl.constexpr):
     """The mass of what judged rows (Recovery) draw from if rejected: the residual's (q read where p~ is not
-    0: elsewhere the residual is 0), or p~ without the draft where the residual has none; on the candidates
-    of listed rows, by one more pass of logits and q for `tiled` ones -> (Recovery with use_q where the
-    residual has mass, q at the candidates float32 [R, C], KeptSet with those rows' tile sums, total
-    float64 [R]: the mass the draw's target is a share of)."""
+    0: elsewhere the residual is 0; BLOCK: q / P), or p~ without the draft where the residual has none; on
+    the candidates of listed rows, by one more pass of logits and q for `tiled` ones -> (Recovery with use_q
+    where the residual has mass, q at the candidates float32 [R, C], KeptSet with those rows' tile sums,
+    total float64 [R]: the mass the draw's target is a share of)."""
     V = weights.logits.V
     judged = recovery.judged
     candidates = kept.candidates
     columns = kept.columns
     q_at = recovery.probs + recovery.q_row[:, None] * V + columns
     listed_q = tl.load(q_at, mask=(kept.listed & judged)[:, None] & (candidates > 0), other=0.0).to(tl.float32)
+    listed_q = over_joint(listed_q, recovery, BLOCK)
     terms = residual_terms(candidates, listed_q, columns, recovery)
     residual = tl.sum(terms.to(tl.float64), axis=1)
     without = tl.sum(tl.where(columns == recovery.excluded[:, None], 0.0, candidates).to(tl.float64), axis=1)
@@ -999,30 +1033,156 @@ def recovery_mass(weights, kept, recovery, tiled, SHAPE: tl.constexpr):
     without_sums = kept.sums
     walked = judged & tiled
     if any_row(walked):
-        residual_sums, without_sums = residual_tile_sums(
-            weights, walked, kept.threshold, recovery, SHAPE.TILES, SHAPE.TILE
-        )
+        residual_sums, without_sums = residual_tile_sums(weights, walked, kept.threshold, recovery, SHAPE, BLOCK)
         residual = tl.where(walked, in_order(residual_sums, V, SHAPE.TILE), residual)
         without = tl.where(walked, in_order(without_sums, V, SHAPE.TILE), without)
     use_q = recovery.use_q & (residual > 0)
     sums = tl.where(walked[:, None], tl.where(use_q[:, None], residual_sums, without_sums), kept.sums)
     total = tl.where(judged, tl.where(use_q, residual, without), kept.mass)
-    recovery = Recovery(recovery.probs, recovery.q_row, judged, recovery.scale, use_q, recovery.excluded)
+    recovery = Recovery(
+        recovery.probs, recovery.q_row, judged, recovery.scale, use_q, recovery.excluded, recovery.inverse
+    )
     kept = KeptSet(kept.threshold, candidates, columns, kept.listed, sums, kept.mass)
     return recovery, listed_q, kept, total
 
 
+# --- block verification (SPEC §3.6): a program holds whole requests, Shape.SPAN lanes each ----------------------
+
+
 @triton.jit
-def draw(weights, kept, tiled, target, recovery, listed_q, SAMPLED: tl.constexpr, TILE: tl.constexpr):
-    """The inverse-CDF draw of each sampled row at `target` (float64 [R]) from its kept set (KeptSet; SAMPLED:
-    the recovery's terms for judged rows, Recovery, q at the candidates listed_q): `tiled` rows by a walk
-    over tiles, listed ones over their candidates -> int64 [R] (0 for other rows)."""
+def request_positions(drafts, SHAPE: tl.constexpr):
+    """positions_of for block verification: lane i of the program is position j = i % SPAN of request
+    b = program * (ROWS // SPAN) + i // SPAN (a row only where j <= K and b < B) -> Position."""
+    SPAN: tl.constexpr = SHAPE.SPAN
+    lane = tl.arange(0, SHAPE.ROWS).to(tl.int64)
+    b = tl.program_id(0).to(tl.int64) * (SHAPE.ROWS // SPAN) + lane // SPAN
+    j = lane % SPAN
+    valid = (b < drafts.B) & (j <= drafts.K)
+    return Position(b * (drafts.K + 1) + j, b, j, valid, valid & (j < drafts.K))
+
+
+@triton.jit
+def by_request(x, SPAN: tl.constexpr):
+    """A program's lanes [R] as [R // SPAN, SPAN]: one request per row, its positions along it."""
+    return tl.reshape(x, [x.shape[0] // SPAN, SPAN])
+
+
+@triton.jit
+def request_max(x, SPAN: tl.constexpr):
+    """The largest value (int32 [R]) among each request's lanes, at every one of its lanes -> int32 [R]."""
+    largest = tl.max(by_request(x, SPAN), axis=1)  # [R // SPAN]
+    return tl.reshape(tl.broadcast_to(largest[:, None], [x.shape[0] // SPAN, SPAN]), [x.shape[0]])
+
+
+@triton.jit
+def joint_ratios(p_draft, q_draft, SPAN: tl.constexpr):
+    """P_j of each lane j (SPEC §3.6): P_0 = 1, P_{i+1} = min(1, P_i p~_i(d_i) / q_i(d_i)) over the lanes
+    of its request, in float64 (p_draft, q_draft: float64 [R] from draft_odds; past a request's drafts the
+    product goes on over p~ = 0, q = 1: unused) -> float64 [R]."""
+    p = by_request(p_draft, SPAN)  # [R // SPAN, SPAN]
+    q = by_request(q_draft, SPAN)
+    lanes = tl.arange(0, SPAN)[None, :]
+    running = tl.full([p_draft.shape[0] // SPAN], 1.0, tl.float64)
+    joint = tl.full([p_draft.shape[0] // SPAN, SPAN], 1.0, tl.float64)
+    for i in range(0, SPAN - 1):
+        p_i = tl.sum(tl.where(lanes == i, p, 0.0), axis=1)
+        q_i = tl.sum(tl.where(lanes == i, q, 0.0), axis=1)
+        running = tl.minimum(running * p_i / q_i, 1.0)
+        joint = tl.where(lanes == i + 1, running[:, None], joint)
+    return tl.reshape(joint, [p_draft.shape[0]])
+
+
+@triton.jit
+def residuals_at(weights, found, tiled, lanes, SHAPE: tl.constexpr):
+    """recovery_mass (with q / P) for `lanes` (bool [R]) alone, merged into the Residuals found so far:
+    one pass of logits and q where they are walked by tiles, q at the candidates where listed -> Residuals."""
+    recovery = found.recovery
+    step = Recovery(
+        recovery.probs, recovery.q_row, lanes, recovery.scale, recovery.use_q, recovery.excluded, recovery.inverse
+    )
+    now, listed_q, kept, total = recovery_mass(weights, found.kept, step, tiled, SHAPE, True)
+    use_q = tl.where(lanes, now.use_q, recovery.use_q)
+    recovery = Recovery(
+        recovery.probs, recovery.q_row, recovery.judged, recovery.scale, use_q, recovery.excluded, recovery.inverse
+    )
+    listed_q = tl.where(lanes[:, None], listed_q, found.listed_q)
+    return Residuals(recovery, listed_q, kept, tl.where(lanes, total, found.total), found.computed | lanes)
+
+
+@triton.jit
+def longest_kept_prefix(weights, prefixes, found, tiled, tau, SHAPE: tl.constexpr):
+    """SPEC §3.6's tau for requests whose whole block was not kept (tau < 0; the others' tau stays): going
+    down from i = gamma - 1 to 1, the first prefix kept: P_i == 1, or u_i (R_i + 1 - P_i) < R_i with
+    R_i = P_i * the mass of max(0, p~_i - q_i / P_i) (P_i (1 - p~_i(d)) where q_i is a point mass), computed
+    at lane i only when its test comes and 0 < P_i < 1 (lazily: one pass of logits and q for a lane walked
+    by tiles, q at the candidates for a listed one); 0 where none is. The recovery of lane tau < gamma is
+    computed on the step after tau is found, with the lanes tested then, where its test did not compute it
+    (Prefixes, Residuals whose recovery is judged where there is a draft) -> (tau int32 [R] at every lane
+    of a request, Residuals)."""
+    SPAN: tl.constexpr = SHAPE.SPAN
+    lane = prefixes.lane
+    joint = prefixes.joint
+    for step in range(0, SPAN):  # (gamma <= SPAN - 1 tests, and the step that computes tau's recovery)
+        current = prefixes.drafted - 1 - step  # the prefix tested now, at its lane (a request's at every lane)
+        tau = tl.where((tau < 0) & (current < 1), 0, tau)  # no longer prefix kept
+        tested = (tau < 0) & (lane == current)
+        # R_i where it decides the test (0 where P_i is, and no q at all for a point mass), and tau's recovery
+        needs = tested & (joint < 1.0) & (joint > 0.0) & ~prefixes.blind
+        needs = needs | (found.recovery.judged & (lane == tau) & ~found.computed)
+        if any_row(needs):
+            found = residuals_at(weights, found, tiled, needs, SHAPE)
+        if any_row(tested):
+            residual = tl.where(found.recovery.use_q, found.total, 0.0)
+            residual = tl.where(prefixes.blind, tl.maximum(1.0 - prefixes.p_draft, 0.0), residual)
+            mass = joint * residual  # R_i
+            kept = tested & ((joint >= 1.0) | (prefixes.coin * (mass + 1.0 - joint) < mass))
+            tau = tl.where(request_max(kept.to(tl.int32), SPAN) > 0, current, tau)
+    return tau, found
+
+
+@triton.jit
+def block_verdict(weights, draft, key, kept, recovery, tiled, SHAPE: tl.constexpr):
+    """SPEC §3.6 at the judged lanes (Recovery) of whole requests, SPAN lanes each: the joint ratios P_j,
+    the whole block kept where u_gamma q(d) < P_{gamma-1} p~(d) at its last draft (the coin of §3.2), else
+    the longest kept prefix tau going down (longest_kept_prefix), and at tau < gamma the recovery from
+    max(0, p~_tau - q_tau / P_tau) (with §3.2's fallbacks) -> (accepted bool [R]: the lanes before tau, the
+    Recovery judged at lane tau alone, q / P at the candidates float32 [R, C], KeptSet, total float64 [R],
+    the lanes that draw by a walk over tiles: tau's and the bonus lane, bool [R])."""
+    SPAN: tl.constexpr = SHAPE.SPAN
+    lane = (tl.arange(0, SHAPE.ROWS) % SPAN).to(tl.int32)  # [R]: the position j of each lane
+    p_draft, q_draft, present, blind = draft_odds(weights, draft, kept, recovery)  # float64 [R], bool [R]
+    joint = joint_ratios(p_draft, q_draft, SPAN)  # float64 [R]: P_j
+    usable = present & ~blind & (joint > 0)
+    inverse = tl.where(usable, tl.minimum(1.0 / tl.where(usable, joint, 1.0), FLOAT32_MAX), 1.0).to(tl.float32)
+    r = recovery
+    judged = Recovery(r.probs, r.q_row, present, r.scale, r.use_q, r.excluded, inverse)
+    nothing = tl.zeros_like(kept.candidates)
+    found = Residuals(recovery_of(judged, kept.mass, draft, present, blind), nothing, kept, kept.mass, lane < 0)
+    drafted = request_max(tl.where(present, lane + 1, 0), SPAN)  # int32 [R]: gamma
+    coin = keyed_uniform(key, STREAM_ACCEPT)
+    whole = present & (lane == drafted - 1) & (coin * q_draft < joint * p_draft)
+    tau = tl.where(request_max(whole.to(tl.int32), SPAN) > 0, drafted, -1)  # int32 [R]: -1 until known
+    prefixes = Prefixes(lane, joint, p_draft, blind, drafted, keyed_uniform(key - 1, STREAM_ACCEPT))
+    tau, found = longest_kept_prefix(weights, prefixes, found, tiled, tau, SHAPE)
+    recovering = present & (lane == tau)
+    drawing = tiled & ((lane == tau) | ~recovery.judged)  # (the bonus lane is not judged)
+    r = found.recovery
+    recovery = Recovery(r.probs, r.q_row, recovering, r.scale, r.use_q & recovering, r.excluded, r.inverse)
+    return present & (lane < tau), recovery, found.listed_q, found.kept, found.total, drawing
+
+
+@triton.jit
+def draw(weights, kept, tiled, target, recovery, listed_q, FLAGS: tl.constexpr, TILE: tl.constexpr):
+    """The inverse-CDF draw of each sampled row at `target` (float64 [R]) from its kept set (KeptSet;
+    Flags.SAMPLED: the recovery's terms for judged rows, Recovery, q at the candidates listed_q, q / P under
+    BLOCK_VERIFICATION): `tiled` rows by a walk over tiles, listed ones over their candidates -> int64 [R]
+    (0 for other rows)."""
     drawn = tl.zeros_like(weights.row)
     if any_row(tiled):
-        drawn = walk_tiles(weights, tiled, kept, target, recovery, SAMPLED, TILE)
+        drawn = walk_tiles(weights, tiled, kept, target, recovery, FLAGS, TILE)
     if any_row(kept.listed):
         terms = kept.candidates
-        if SAMPLED:
+        if FLAGS.SAMPLED:
             terms = residual_terms(kept.candidates, listed_q, kept.columns, recovery)
         nothing = tl.zeros(target.shape, tl.float64)
         zero = tl.zeros_like(weights.row)
@@ -1049,8 +1209,8 @@ def verify_kernel(
     settings,  # Settings: greedy_below, rtol, relaxed_k, relaxed_delta
     seed_low,  # int32: the low 32 bits of a given shared seed (Flags.SEED_GIVEN)
     seed_high,  # int32: its high 32 bits
-    FLAGS: tl.constexpr,  # Flags: HAS_MIN_P, SHARED_SEED, SEED_GIVEN, HAS_RELAXED, SAMPLED
-    SHAPE: tl.constexpr,  # Shape: ROWS, TILE, SEARCH, TILES, CANDIDATES
+    FLAGS: tl.constexpr,  # Flags: HAS_MIN_P, SHARED_SEED, SEED_GIVEN, HAS_RELAXED, SAMPLED, BLOCK_VERIFICATION
+    SHAPE: tl.constexpr,  # Shape: ROWS, TILE, SEARCH, TILES, CANDIDATES, SPAN
 ):
     """A whole verifier call (SPEC §1-§5), one row per (request b, position j <= K), for checked arguments
     (kernels/triton/groups.py names and shapes every one). Writes recovered [B, K], bonus [B] and first [B]
@@ -1065,8 +1225,13 @@ def verify_kernel(
     it walks tiles); where the candidates do not decide the kept set (too many, or a row whose largest
     logit is not finite) the radix search of kept_threshold runs, then the tile walk.
     Sampled drafts read q at the draft, and over the candidates or (rows walked by tiles) one more pass of
-    logits and q for the residual's mass."""
-    at = positions_of(drafts, SHAPE.ROWS)
+    logits and q for the residual's mass. Under BLOCK_VERIFICATION (SPEC §3.6) a program holds whole
+    requests (request_positions) and only the lanes whose prefix test needs a residual mass compute it
+    (block_verdict), with the same reads; only the lane at tau and the bonus lane draw."""
+    if FLAGS.BLOCK_VERIFICATION:
+        at = request_positions(drafts, SHAPE)
+    else:
+        at = positions_of(drafts, SHAPE.ROWS)
     draft = draft_at(drafts, at, logits.V)
     key = row_keys(requests, at, seed_low, seed_high, FLAGS)
     greedy, inverse = temper(requests.temperature, at.b, at.valid, settings.greedy_below)
@@ -1089,17 +1254,23 @@ def verify_kernel(
         tl.zeros_like(inverse),
         at.row < 0,
         tl.full(at.row.shape, -1, tl.int64),
+        tl.full(at.row.shape, 1.0, tl.float32),
     )
     accepted, recovery = roles.sampled & (draft >= 0), no_recovery  # judged below; argmax mode: the draw decides
     listed_q = tl.zeros_like(kept.candidates)
     total = kept.mass
-    if FLAGS.SAMPLED:
+    if FLAGS.SAMPLED and FLAGS.BLOCK_VERIFICATION:
+        uniform = tl.where(judged, keyed_uniform(key, STREAM_RESIDUAL), uniform)
+        accepted, recovery, listed_q, kept, total, tiled = block_verdict(
+            weights, draft, key, kept, no_recovery, tiled, SHAPE
+        )
+    elif FLAGS.SAMPLED:
         accepted, recovery = judge_draft(weights, draft, key, kept, no_recovery)
         uniform = tl.where(judged, keyed_uniform(key, STREAM_RESIDUAL), uniform)
-        recovery, listed_q, kept, total = recovery_mass(weights, kept, recovery, tiled, SHAPE)
+        recovery, listed_q, kept, total = recovery_mass(weights, kept, recovery, tiled, SHAPE, False)
 
     # the draw (not for greedy rows: their token is the argmax; nor relaxed positions: their top-1)
-    drawn = draw(weights, kept, tiled, uniform * total, recovery, listed_q, FLAGS.SAMPLED, SHAPE.TILE)
+    drawn = draw(weights, kept, tiled, uniform * total, recovery, listed_q, FLAGS, SHAPE.TILE)
     committed = drawn
     if FLAGS.SAMPLED:
         committed = tl.where(accepted, draft, drawn)

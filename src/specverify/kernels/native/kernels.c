@@ -24,6 +24,9 @@
 #include <string.h>
 #include <math.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Below this many values a call stays on one thread. */
 #define PARALLEL_WORK 65536
@@ -1477,6 +1480,18 @@ IN_CLONE void judge_drafts(const struct sampled_verdict_args *a, struct verdict_
     }
 }
 
+/* Stage of draw_sampled_verdicts and draw_block_verdicts, the draws: the drafts padded (pad_drafts), then
+ * draw_rows' draws, and the kept weights, draft weights and accept uniforms of every drafted position, into
+ * v. Returns draw_rows' refusal (0 when it allocated all it needed). */
+static int64_t draw_for_verdicts(const struct sampled_verdict_args *a, struct verdict_buffers *v) {
+    const struct chain_rows *rules = &a->rows;
+    pad_drafts(a->proposed, rules->requests, rules->per_position - 1, rules->n, v->draft);
+    const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = a->tokens,
+                                    .draft = v->draft, .accept_salt = a->accept_salt, .at_draft = v->at_draft,
+                                    .accept_uniforms = v->accept, .kept = v->kept};
+    return draw_rows(&draws);
+}
+
 /* The sampled-mode verdicts of a chain call (SPEC §3.2) in one call (struct sampled_verdict_args), in
  * stages: the drafts padded (pad_drafts); draw_rows' draws and kept weights of every row; the ratio test
  * at each drafted position (judge_drafts); the recovery of recover_kept_rows at every drafted position
@@ -1486,13 +1501,7 @@ CLONES int64_t draw_sampled_verdicts(const struct sampled_verdict_args *a) {
     const int64_t requests = rules->requests, drafted = rules->per_position - 1;
     int64_t refused = 0;
     struct verdict_buffers v = verdict_buffers_of(a, &refused);
-    if (!refused) {
-        pad_drafts(a->proposed, requests, drafted, rules->n, v.draft);
-        const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = a->tokens,
-                                        .draft = v.draft, .accept_salt = a->accept_salt, .at_draft = v.at_draft,
-                                        .accept_uniforms = v.accept, .kept = v.kept};
-        refused = draw_rows(&draws);
-    }
+    if (!refused) refused = draw_for_verdicts(a, &v);
     if (!refused) {
         judge_drafts(a, &v);
         const struct recover_kept_args recovery = {
@@ -1504,6 +1513,235 @@ CLONES int64_t draw_sampled_verdicts(const struct sampled_verdict_args *a) {
     if (!refused)
         for (int64_t at = 0; at < requests * drafted; at++) a->recovered[at] = v.accepted[at] ? v.draft[at] : v.drawn[at];
     free_verdict_buffers(&v);
+    return refused;
+}
+
+/* ---- Block verification (SPEC §3.6): draw_block_verdicts, the fused path of verification="block". It
+ * shares draw_sampled_verdicts' draws and kept weights (draw_for_verdicts); only the judge differs. Every
+ * value of the rule is computed as stages.rules.block_verdict computes it (float64, p~(d) the float32 weight
+ * over the float32 mass), the scalar rule outside the clones so that no product is fused into an add; the
+ * draws are recover_rows' on q scaled by the float32 1 / P_j, bit for bit. ---- */
+
+/* What the block judge of a call holds per request (block_state_of), float64 unless said. */
+struct block_state {
+    double *joint;    /* [requests, drafted + 1]: P_0 .. P_drafted (entries past a request's drafts unused) */
+    double *p_draft;  /* [requests, drafted]: p~(d), the float32 weight over the float32 mass */
+    double *q_draft;  /* [requests, drafted]: q(d), 1 where q(d) <= 0 (judged without a distribution) */
+    double *residual; /* [requests, drafted]: R_j, where the judge drew at position j */
+    int64_t *gamma;   /* int64 [requests]: the drafts before the first -1 */
+};
+
+/* A thread's buffers for the draws of the block judge. */
+struct block_scratch {
+    double *sums; /* [ceil(n / block)]: a residual's block sums */
+    float *q;     /* [n]: a position's draft probabilities times 1 / P_j */
+};
+
+/* The block_state of a call of `positions` = requests * drafted drafted positions (NULL pointers where one
+ * was refused: the refusal is in *refused). */
+static struct block_state block_state_of(int64_t requests, int64_t positions, int64_t *refused) {
+    const uint64_t each = (uint64_t)positions * sizeof(double);
+    struct block_state state = {
+        .joint = allocate(each + (uint64_t)requests * sizeof(double), refused),
+        .p_draft = allocate(each, refused),
+        .q_draft = allocate(each, refused),
+        .residual = allocate(each, refused),
+        .gamma = allocate((uint64_t)requests * sizeof(int64_t), refused),
+    };
+    return state;
+}
+
+static void free_block_state(struct block_state *state) {
+    free(state->joint);
+    free(state->p_draft);
+    free(state->q_draft);
+    free(state->residual);
+    free(state->gamma);
+}
+
+/* Stage of draw_block_verdicts, the joint ratios of request b: at each drafted position j, the kept
+ * weights' mass (v->mass: the block sums added in block order) and mode (v->mode) as judge_drafts makes
+ * them, p~(d) and q(d) (stages.rules.draft_probabilities) and P_{j+1} = min(1, P_j p~(d) / q(d)), P_0 = 1
+ * (joint_ratios); s->gamma[b], the drafts before the row's first -1 (the drafts are padded). */
+static void block_ratios(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                         int64_t b) {
+    const int64_t per_position = a->rows.per_position, drafted = per_position - 1, n = a->rows.n;
+    const int64_t blocks = (n + a->rows.block - 1) / a->rows.block;
+    double *joint = s->joint + b * per_position;
+    joint[0] = 1.0;
+    s->gamma[b] = 0;
+    for (int64_t j = 0; j < drafted; j++) {
+        const int64_t at = b * drafted + j, d = v->draft[at];
+        const double *sums = v->kept.block_sums + (b * per_position + j) * blocks;
+        double total = 0.0;
+        for (int64_t t = 0; t < blocks; t++) total += sums[t];
+        v->mass[at] = total;
+        const double q_draft = d >= 0 ? (double)element_of(a->draft_probs, (int)a->draft_dtype, at, n, d) : 0.0;
+        s->p_draft[at] = (double)(v->at_draft[at] / (float)total);
+        s->q_draft[at] = q_draft <= 0.0 ? 1.0 : q_draft;
+        v->mode[at] = d < 0 ? FROM_TARGET : q_draft <= 0.0 ? WITHOUT_DRAFT : FROM_RESIDUAL;
+        const double ratio = joint[j] * s->p_draft[at] / s->q_draft[at];
+        joint[j + 1] = ratio < 1.0 ? ratio : 1.0;
+        s->gamma[b] += d >= 0;
+    }
+}
+
+/* The draw of recover (mode FROM_RESIDUAL) from the residual max(0, w / mass - q) of a position's kept
+ * weights, dense (ids NULL) or sparse, q already scaled: the same sums and walk, bit for bit. Writes the
+ * residual's mass (the total of its block sums, 0 where it is empty: the draw then from p~) to *residual.
+ * sums: room for ceil(n / block) doubles. */
+CLONES static int64_t residual_walk(const float *w, const int32_t *ids, int64_t count, const float *q,
+                                    const double *weight_sums, double mass, double uniform, int64_t n, int64_t block,
+                                    double *sums, double *residual) {
+    const float scale = (float)(1.0 / mass);
+    *residual = ids ? kept_block_sums(ids, w, q, scale, count, n, block, sums)
+                    : residual_block_sums(w, q, n, scale, block, sums);
+    if (*residual > 0.0) return draw(w, ids, count, q, scale, -1, n, block, sums, uniform);
+    *residual = 0.0;
+    return draw(w, ids, count, NULL, scale, -1, n, block, weight_sums, uniform);
+}
+
+/* 1 / P_j as the factor of q in max(0, p~ - q / P_j), as stages.rules._inverse makes it: float64, clamped
+ * at float32's largest finite value, then rounded to float32; 1 where P_j is 0. */
+static inline float inverse_of(double joint) {
+    if (!(joint > 0.0)) return 1.0f;
+    const double inverse = 1.0 / joint;
+    return (float)(inverse < 0x1.fffffep127 ? inverse : 0x1.fffffep127);
+}
+
+/* q at drafted position `at` (draft_probs [.., n] of draft_dtype) times `inverse`, each product rounded to
+ * float32 as torch's `draft_probs.float() * inverse` rounds it: at the kept tokens ids[count] (sparse) or
+ * over the row (ids NULL), into buffer (n floats); a float32 row itself where inverse is 1. Not inlined
+ * into a clone: the products are stored before a sum reads them, never fused into its subtraction. */
+static __attribute__((noinline)) const float *scaled_q(const struct sampled_verdict_args *a, int64_t at,
+                                                      const int32_t *ids, int64_t count, float inverse, float *buffer) {
+    const int dtype = (int)a->draft_dtype;
+    const int64_t n = a->rows.n;
+    if (ids) {
+        for (int64_t t = 0; t < count; t++) buffer[t] = element_of(a->draft_probs, dtype, at, n, ids[t]) * inverse;
+        return buffer;
+    }
+    const float *row = float_row(a->draft_probs, dtype, at, n, buffer);
+    if (inverse == 1.0f) return row;
+    for (int64_t i = 0; i < n; i++) buffer[i] = row[i] * inverse;
+    return buffer;
+}
+
+/* Stage of judge_block, the token the stages draw at drafted position j of request b (block_verdict's
+ * recovery_draw) with the residual stream's uniform of key s_b + j, from max(0, p~ - q / P_j)
+ * (FROM_RESIDUAL; p~ where that is empty), p~ without d (WITHOUT_DRAFT) or p~ (FROM_TARGET: padding); and
+ * R_j (kept_prefixes' residual mass) to s->residual: P_j times the residual's mass, or P_j (1 - p~(d)). */
+static int64_t block_draw(const struct sampled_verdict_args *a, const struct verdict_buffers *v,
+                          struct block_state *s, int64_t b, int64_t j, struct block_scratch *t) {
+    const int64_t n = a->rows.n, block = a->rows.block, blocks = (n + block - 1) / block;
+    const int64_t drafted = a->rows.per_position - 1, at = b * drafted + j, row = b * (drafted + 1) + j;
+    const double uniform = keyed_uniform(request_seed(&a->keys, b) + (uint64_t)j, a->residual_salt);
+    const double joint = s->joint[row];
+    const int64_t count = v->kept.count[row], held = count < 0 ? 0 : count;
+    const int32_t *ids = count < 0 ? NULL : v->kept.ids + row * v->kept.capacity;
+    const float *w = count < 0 ? v->kept.dense + row * n : v->kept.weights + row * v->kept.capacity;
+    const double *weight_sums = v->kept.block_sums + row * blocks;
+    if (v->mode[at] != FROM_RESIDUAL) {
+        const double left = 1.0 - s->p_draft[at];
+        s->residual[at] = joint * (left > 0.0 ? left : 0.0);
+        return recover(w, ids, held, NULL, weight_sums, v->mass[at], v->draft[at], v->mode[at], uniform, n, block,
+                       t->sums);
+    }
+    const float *q = scaled_q(a, at, ids, held, inverse_of(joint), t->q);
+    double residual;
+    const int64_t token = residual_walk(w, ids, held, q, weight_sums, v->mass[at], uniform, n, block, t->sums, &residual);
+    s->residual[at] = joint * residual;
+    return token;
+}
+
+/* Whether request b keeps the prefix of its first i >= 1 drafts (SPEC §3.6, kept_prefixes), on the coin of
+ * draft i - 1: all gamma drafts iff u q(d) < P_{gamma-1} p~(d) (§3.2's test); a shorter prefix iff P_i == 1
+ * or u (R_i + 1 - P_i) < R_i (R_i drawn before: block_draw). Not inlined into a clone: no product is fused
+ * into an add. */
+static __attribute__((noinline)) int prefix_kept(const struct verdict_buffers *v, const struct block_state *s,
+                                                int64_t b, int64_t i, int64_t drafted) {
+    const double u = v->accept[b * drafted + i - 1], *joint = s->joint + b * (drafted + 1);
+    if (i == s->gamma[b]) {
+        const int64_t last = b * drafted + i - 1;
+        return u * s->q_draft[last] < joint[i - 1] * s->p_draft[last];
+    }
+    const double residual = s->residual[b * drafted + i];
+    return joint[i] >= 1.0 || u * (residual + 1.0 - joint[i]) < residual;
+}
+
+/* Stage of judge_blocks, the verdict of request b: the padding's draws from p~, then the prefixes from the
+ * longest down, each position's draw (and with it R_j) made as its prefix is judged, until one is kept:
+ * tau, 0 when none (lazy: the positions before tau are never drawn). Without t, every draw is already in
+ * v->drawn (and every R_j in s). Writes first[b] = tau and recovered: the drafts before tau, the draws
+ * from tau on (where the stages commit or leave them). */
+static void judge_block(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                        int64_t b, struct block_scratch *t) {
+    const int64_t drafted = a->rows.per_position - 1, gamma = s->gamma[b];
+    int64_t *drawn = v->drawn + b * drafted;
+    if (t)
+        for (int64_t j = gamma; j < drafted; j++) drawn[j] = block_draw(a, v, s, b, j, t);
+    int64_t tau = gamma;
+    if (gamma > 0 && !prefix_kept(v, s, b, gamma, drafted))
+        for (tau = gamma - 1;; tau--) {
+            if (t) drawn[tau] = block_draw(a, v, s, b, tau, t);
+            if (tau == 0 || prefix_kept(v, s, b, tau, drafted)) break;
+        }
+    a->first[b] = tau;
+    for (int64_t j = 0; j < drafted; j++) a->recovered[b * drafted + j] = j < tau ? v->draft[b * drafted + j] : drawn[j];
+}
+
+/* The threads of the calling thread's team (1 without OpenMP). */
+static inline int64_t team_size(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Stage of draw_block_verdicts, every request's verdict (judge_block), in parallel over requests. Where
+ * the requests are fewer than the team's threads, every position's draw is made first, in parallel over
+ * positions (also those a lazy judge skips: the same tokens, with every thread at work). */
+static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
+    const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, n = a->rows.n;
+    const int64_t blocks = (n + a->rows.block - 1) / a->rows.block, positions = requests * drafted;
+    const int parallel = positions > 1 && positions * n >= PARALLEL_WORK, eager = parallel && requests < team_size();
+    int64_t refused = 0;
+#pragma omp parallel if (parallel)
+    {
+    struct block_scratch t = {.sums = allocate((uint64_t)blocks * sizeof(double), &refused),
+                              .q = allocate((uint64_t)n * sizeof(float), &refused)};
+    const int ready = t.sums && t.q;
+    if (eager) {
+#pragma omp for schedule(dynamic)
+        for (int64_t at = 0; at < positions; at++)
+            if (ready) v->drawn[at] = block_draw(a, v, s, at / drafted, at % drafted, &t);
+    }
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < requests; b++)
+        if (ready) judge_block(a, v, s, b, eager ? NULL : &t);
+    free(t.sums);
+    free(t.q);
+    }
+    return refused;
+}
+
+/* The block verdicts of a sampled-mode chain call (SPEC §3.6) in one call, on draw_sampled_verdicts'
+ * struct and with its outputs, in stages: draw_for_verdicts' draws and kept weights; each request's joint
+ * ratios (block_ratios); the verdicts (judge_blocks): first[b] = tau, the longest kept prefix; recovered
+ * the drafts before tau and the stages' draws from tau on; the bonus in tokens. */
+int64_t draw_block_verdicts(const struct sampled_verdict_args *a) {
+    const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1;
+    int64_t refused = 0;
+    struct verdict_buffers v = verdict_buffers_of(a, &refused);
+    struct block_state s = block_state_of(requests, requests * drafted, &refused);
+    if (!refused) refused = draw_for_verdicts(a, &v);
+    if (!refused) {
+        for (int64_t b = 0; b < requests; b++) block_ratios(a, &v, &s, b);
+        refused = judge_blocks(a, &v, &s);
+    }
+    free_verdict_buffers(&v);
+    free_block_state(&s);
     return refused;
 }
 

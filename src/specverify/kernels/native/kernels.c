@@ -1586,19 +1586,62 @@ static void block_ratios(const struct sampled_verdict_args *a, struct verdict_bu
     }
 }
 
-/* The draw of recover (mode FROM_RESIDUAL) from the residual max(0, w / mass - q) of a position's kept
- * weights, dense (ids NULL) or sparse, q already scaled: the same sums and walk, bit for bit. Writes the
- * residual's mass (the total of its block sums, 0 where it is empty: the draw then from p~) to *residual.
- * sums: room for ceil(n / block) doubles. */
-CLONES static int64_t residual_walk(const float *w, const int32_t *ids, int64_t count, const float *q,
-                                    const double *weight_sums, double mass, double uniform, int64_t n, int64_t block,
-                                    double *sums, double *residual) {
-    const float scale = (float)(1.0 / mass);
-    *residual = ids ? kept_block_sums(ids, w, q, scale, count, n, block, sums)
-                    : residual_block_sums(w, q, n, scale, block, sums);
-    if (*residual > 0.0) return draw(w, ids, count, q, scale, -1, n, block, sums, uniform);
+/* One drafted position's kept weights as draw_rows left them (struct kept_rows), for the block judge. */
+struct kept_position {
+    const float *w;            /* float32 [n] where dense, else [count]: the weights of the tokens ids */
+    const int32_t *ids;        /* int32 [count], ascending; NULL where dense */
+    int64_t count;             /* the tokens held sparsely (0 where dense) */
+    const double *weight_sums; /* float64 [ceil(n / block)]: the weights' block sums */
+    double mass;               /* their total, added in block order */
+};
+
+/* residual_block_sums of q times inverse: each product rounded to float32 and stored in scaled[n] (where
+ * the draw then reads it; scaled may be q itself), the sums those residual_block_sums makes of scaled, bit
+ * for bit: a product that is also stored is never fused into the subtraction (GCC fuses a product into an
+ * add only where every use of it is one). Returns the total. */
+IN_CLONE double scaled_residual_sums(const float *w, const float *q, float inverse, float *scaled, int64_t n,
+                                     float scale, int64_t block, double *sums) {
+    double total = 0.0;
+    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+        const int64_t end = start + block < n ? start + block : n;
+        float lanes[16] = {0};
+        int64_t i = start;
+        for (; i + 15 < end; i += 16)
+            for (int lane = 0; lane < 16; lane++) {
+                scaled[i + lane] = q[i + lane] * inverse;
+                lanes[lane] += residual_term(w[i + lane], scaled[i + lane], scale);
+            }
+        double sum = 0.0;
+        for (; i < end; i++) {
+            scaled[i] = q[i] * inverse;
+            sum += residual_term(w[i], scaled[i], scale);
+        }
+        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+        sums[b] = sum;
+        total += sum;
+    }
+    return total;
+}
+
+/* The draw of recover (mode FROM_RESIDUAL) from the residual max(0, w / mass - q * inverse) of a position's
+ * kept weights, bit for bit recover's on q scaled beforehand (torch's `draft_probs.float() * inverse`): the
+ * same sums and walk. q: [n] where dense (scaled here, into scaled[n]), [count] where sparse (already
+ * scaled: inverse 1). Writes the residual's mass (the total of its block sums; 0 where it is empty, the
+ * draw then from p~) to *residual. sums: room for ceil(n / block) doubles. */
+CLONES static int64_t residual_walk(const struct kept_position *k, const float *q, float inverse, float *scaled,
+                                    double uniform, int64_t n, int64_t block, double *sums, double *residual) {
+    const float scale = (float)(1.0 / k->mass);
+    if (k->ids) {
+        *residual = kept_block_sums(k->ids, k->w, q, scale, k->count, n, block, sums);
+    } else if (inverse == 1.0f) {
+        *residual = residual_block_sums(k->w, q, n, scale, block, sums);
+    } else {
+        *residual = scaled_residual_sums(k->w, q, inverse, scaled, n, scale, block, sums);
+        q = scaled;
+    }
+    if (*residual > 0.0) return draw(k->w, k->ids, k->count, q, scale, -1, n, block, sums, uniform);
     *residual = 0.0;
-    return draw(w, ids, count, NULL, scale, -1, n, block, weight_sums, uniform);
+    return draw(k->w, k->ids, k->count, NULL, scale, -1, n, block, k->weight_sums, uniform);
 }
 
 /* 1 / P_j as the factor of q in max(0, p~ - q / P_j), as stages.rules._inverse makes it: float64, clamped
@@ -1609,21 +1652,16 @@ static inline float inverse_of(double joint) {
     return (float)(inverse < 0x1.fffffep127 ? inverse : 0x1.fffffep127);
 }
 
-/* q at drafted position `at` (draft_probs [.., n] of draft_dtype) times `inverse`, each product rounded to
- * float32 as torch's `draft_probs.float() * inverse` rounds it: at the kept tokens ids[count] (sparse) or
- * over the row (ids NULL), into buffer (n floats); a float32 row itself where inverse is 1. Not inlined
- * into a clone: the products are stored before a sum reads them, never fused into its subtraction. */
-static __attribute__((noinline)) const float *scaled_q(const struct sampled_verdict_args *a, int64_t at,
-                                                      const int32_t *ids, int64_t count, float inverse, float *buffer) {
+/* q at drafted position `at` (draft_probs [.., n] of draft_dtype) for residual_walk, into buffer (n floats)
+ * where it is not the float32 row itself: where sparse, at the kept tokens ids[count] only, each times
+ * `inverse` rounded to float32 (*inverse then 1); where dense, the row (residual_walk scales it). */
+static const float *draft_row(const struct sampled_verdict_args *a, int64_t at, const struct kept_position *k,
+                              float *inverse, float *buffer) {
     const int dtype = (int)a->draft_dtype;
     const int64_t n = a->rows.n;
-    if (ids) {
-        for (int64_t t = 0; t < count; t++) buffer[t] = element_of(a->draft_probs, dtype, at, n, ids[t]) * inverse;
-        return buffer;
-    }
-    const float *row = float_row(a->draft_probs, dtype, at, n, buffer);
-    if (inverse == 1.0f) return row;
-    for (int64_t i = 0; i < n; i++) buffer[i] = row[i] * inverse;
+    if (!k->ids) return float_row(a->draft_probs, dtype, at, n, buffer);
+    for (int64_t t = 0; t < k->count; t++) buffer[t] = element_of(a->draft_probs, dtype, at, n, k->ids[t]) * *inverse;
+    *inverse = 1.0f;
     return buffer;
 }
 
@@ -1633,23 +1671,28 @@ static __attribute__((noinline)) const float *scaled_q(const struct sampled_verd
  * R_j (kept_prefixes' residual mass) to s->residual: P_j times the residual's mass, or P_j (1 - p~(d)). */
 static int64_t block_draw(const struct sampled_verdict_args *a, const struct verdict_buffers *v,
                           struct block_state *s, int64_t b, int64_t j, struct block_scratch *t) {
-    const int64_t n = a->rows.n, block = a->rows.block, blocks = (n + block - 1) / block;
+    const int64_t n = a->rows.n, block = a->rows.block, blocks = (n + block - 1) / block, capacity = v->kept.capacity;
     const int64_t drafted = a->rows.per_position - 1, at = b * drafted + j, row = b * (drafted + 1) + j;
     const double uniform = keyed_uniform(request_seed(&a->keys, b) + (uint64_t)j, a->residual_salt);
     const double joint = s->joint[row];
-    const int64_t count = v->kept.count[row], held = count < 0 ? 0 : count;
-    const int32_t *ids = count < 0 ? NULL : v->kept.ids + row * v->kept.capacity;
-    const float *w = count < 0 ? v->kept.dense + row * n : v->kept.weights + row * v->kept.capacity;
-    const double *weight_sums = v->kept.block_sums + row * blocks;
+    const int64_t count = v->kept.count[row];
+    const struct kept_position k = {
+        .w = count < 0 ? v->kept.dense + row * n : v->kept.weights + row * capacity,
+        .ids = count < 0 ? NULL : v->kept.ids + row * capacity,
+        .count = count < 0 ? 0 : count,
+        .weight_sums = v->kept.block_sums + row * blocks,
+        .mass = v->mass[at],
+    };
     if (v->mode[at] != FROM_RESIDUAL) {
         const double left = 1.0 - s->p_draft[at];
         s->residual[at] = joint * (left > 0.0 ? left : 0.0);
-        return recover(w, ids, held, NULL, weight_sums, v->mass[at], v->draft[at], v->mode[at], uniform, n, block,
+        return recover(k.w, k.ids, k.count, NULL, k.weight_sums, k.mass, v->draft[at], v->mode[at], uniform, n, block,
                        t->sums);
     }
-    const float *q = scaled_q(a, at, ids, held, inverse_of(joint), t->q);
+    float inverse = inverse_of(joint);
+    const float *q = draft_row(a, at, &k, &inverse, t->q);
     double residual;
-    const int64_t token = residual_walk(w, ids, held, q, weight_sums, v->mass[at], uniform, n, block, t->sums, &residual);
+    const int64_t token = residual_walk(&k, q, inverse, t->q, uniform, n, block, t->sums, &residual);
     s->residual[at] = joint * residual;
     return token;
 }

@@ -1529,6 +1529,8 @@ struct block_state {
     double *q_draft;  /* [requests, drafted]: q(d), 1 where q(d) <= 0 (judged without a distribution) */
     double *residual; /* [requests, drafted]: R_j, where the judge drew at position j */
     int64_t *gamma;   /* int64 [requests]: the drafts before the first -1 */
+    int64_t *low;     /* int64 [requests]: the lowest position drawn so far (gamma before any) */
+    int64_t *tau;     /* int64 [requests]: the longest kept prefix, -1 while not known */
 };
 
 /* A thread's buffers for the draws of the block judge. */
@@ -1547,6 +1549,8 @@ static struct block_state block_state_of(int64_t requests, int64_t positions, in
         .q_draft = allocate(each, refused),
         .residual = allocate(each, refused),
         .gamma = allocate((uint64_t)requests * sizeof(int64_t), refused),
+        .low = allocate((uint64_t)requests * sizeof(int64_t), refused),
+        .tau = allocate((uint64_t)requests * sizeof(int64_t), refused),
     };
     return state;
 }
@@ -1557,6 +1561,8 @@ static void free_block_state(struct block_state *state) {
     free(state->q_draft);
     free(state->residual);
     free(state->gamma);
+    free(state->low);
+    free(state->tau);
 }
 
 /* Stage of draw_block_verdicts, the joint ratios of request b: at each drafted position j, the kept
@@ -1712,27 +1718,6 @@ static __attribute__((noinline)) int prefix_kept(const struct verdict_buffers *v
     return joint[i] >= 1.0 || u * (residual + 1.0 - joint[i]) < residual;
 }
 
-/* Stage of judge_blocks, the verdict of request b: the padding's draws from p~, then the prefixes from the
- * longest down, each position's draw (and with it R_j) made as its prefix is judged, until one is kept:
- * tau, 0 when none (lazy: the positions before tau are never drawn). Without t, every draw is already in
- * v->drawn (and every R_j in s). Writes first[b] = tau and recovered: the drafts before tau, the draws
- * from tau on (where the stages commit or leave them). */
-static void judge_block(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
-                        int64_t b, struct block_scratch *t) {
-    const int64_t drafted = a->rows.per_position - 1, gamma = s->gamma[b];
-    int64_t *drawn = v->drawn + b * drafted;
-    if (t)
-        for (int64_t j = gamma; j < drafted; j++) drawn[j] = block_draw(a, v, s, b, j, t);
-    int64_t tau = gamma;
-    if (gamma > 0 && !prefix_kept(v, s, b, gamma, drafted))
-        for (tau = gamma - 1;; tau--) {
-            if (t) drawn[tau] = block_draw(a, v, s, b, tau, t);
-            if (tau == 0 || prefix_kept(v, s, b, tau, drafted)) break;
-        }
-    a->first[b] = tau;
-    for (int64_t j = 0; j < drafted; j++) a->recovered[b * drafted + j] = j < tau ? v->draft[b * drafted + j] : drawn[j];
-}
-
 /* The threads of the calling thread's team (1 without OpenMP). */
 static inline int64_t team_size(void) {
 #ifdef _OPENMP
@@ -1742,27 +1727,68 @@ static inline int64_t team_size(void) {
 #endif
 }
 
-/* Stage of draw_block_verdicts, every request's verdict (judge_block), in parallel over requests. Where
- * the requests are fewer than the team's threads, every position's draw is made first, in parallel over
- * positions (also those a lazy judge skips: the same tokens, with every thread at work). */
+/* Stage of draw_block_verdicts, each request's judge before any draw: its joint ratios (block_ratios);
+ * tau = gamma where every draft is kept (or there is none), else not known yet (-1); nothing drawn yet. */
+static void start_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
+    for (int64_t b = 0; b < a->rows.requests; b++) {
+        block_ratios(a, v, s, b);
+        const int64_t gamma = s->gamma[b];
+        s->low[b] = gamma;
+        s->tau[b] = gamma == 0 || prefix_kept(v, s, b, gamma, a->rows.per_position - 1) ? gamma : -1;
+    }
+}
+
+/* Whether round `round` of judge_blocks draws drafted position j of request b: a padding position (p~ on
+ * the residual stream, where the stages draw it) in the first round; else the `chunk` positions below the
+ * lowest drawn of a request whose tau is not known. */
+static inline int block_drawn_in(const struct block_state *s, int64_t b, int64_t j, int64_t round, int64_t chunk) {
+    if (j >= s->gamma[b]) return round == 0;
+    return s->tau[b] < 0 && j < s->low[b] && j >= s->low[b] - chunk;
+}
+
+/* Stage of judge_blocks after a round's draws: each request whose tau is not known judges its prefixes
+ * ending at the positions just drawn, from the longest down, until one is kept (prefix 0 always is).
+ * Returns how many requests' tau is still not known. */
+static int64_t judge_round(const struct sampled_verdict_args *a, const struct verdict_buffers *v,
+                           struct block_state *s, int64_t chunk) {
+    const int64_t drafted = a->rows.per_position - 1;
+    int64_t open = 0;
+    for (int64_t b = 0; b < a->rows.requests; b++) {
+        if (s->tau[b] >= 0) continue;
+        const int64_t lowest = s->low[b] > chunk ? s->low[b] - chunk : 0;
+        for (int64_t i = s->low[b] - 1; i >= lowest && s->tau[b] < 0; i--)
+            if (i == 0 || prefix_kept(v, s, b, i, drafted)) s->tau[b] = i;
+        s->low[b] = lowest;
+        open += s->tau[b] < 0;
+    }
+    return open;
+}
+
+/* Stage of draw_block_verdicts, the verdicts (SPEC §3.6) with the fewest draws: in rounds, each drawing in
+ * parallel (block_draw: a position's R_j and the stages' draw there, by one pass) the next `chunk`
+ * positions of every request still judging its prefixes from the longest down, then judging them
+ * (judge_round), until every request has kept one; no position below a request's tau is drawn. chunk is 1
+ * (each request alone is lazy), or where the requests are fewer than the team's threads, enough positions
+ * for every thread. */
 static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
     const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, n = a->rows.n;
     const int64_t blocks = (n + a->rows.block - 1) / a->rows.block, positions = requests * drafted;
-    const int parallel = positions > 1 && positions * n >= PARALLEL_WORK, eager = parallel && requests < team_size();
-    int64_t refused = 0;
+    const int parallel = positions > 1 && positions * n >= PARALLEL_WORK;
+    const int64_t team = parallel ? team_size() : 1, chunk = team > requests ? (team + requests - 1) / requests : 1;
+    int64_t refused = 0, open = 1;
 #pragma omp parallel if (parallel)
     {
     struct block_scratch t = {.sums = allocate((uint64_t)blocks * sizeof(double), &refused),
                               .q = allocate((uint64_t)n * sizeof(float), &refused)};
     const int ready = t.sums && t.q;
-    if (eager) {
+    for (int64_t round = 0; open; round++) {
 #pragma omp for schedule(dynamic)
         for (int64_t at = 0; at < positions; at++)
-            if (ready) v->drawn[at] = block_draw(a, v, s, at / drafted, at % drafted, &t);
+            if (ready && block_drawn_in(s, at / drafted, at % drafted, round, chunk))
+                v->drawn[at] = block_draw(a, v, s, at / drafted, at % drafted, &t);
+#pragma omp single
+        open = refused ? 0 : judge_round(a, v, s, chunk);
     }
-#pragma omp for schedule(dynamic)
-    for (int64_t b = 0; b < requests; b++)
-        if (ready) judge_block(a, v, s, b, eager ? NULL : &t);
     free(t.sums);
     free(t.q);
     }
@@ -1771,8 +1797,8 @@ static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict
 
 /* The block verdicts of a sampled-mode chain call (SPEC §3.6) in one call, on draw_sampled_verdicts'
  * struct and with its outputs, in stages: draw_for_verdicts' draws and kept weights; each request's joint
- * ratios (block_ratios); the verdicts (judge_blocks): first[b] = tau, the longest kept prefix; recovered
- * the drafts before tau and the stages' draws from tau on; the bonus in tokens. */
+ * ratios and whole-block test (start_blocks); the verdicts (judge_blocks). first[b] = tau, the longest kept
+ * prefix; recovered: the drafts before tau, the stages' draws from tau on; the bonus in tokens. */
 int64_t draw_block_verdicts(const struct sampled_verdict_args *a) {
     const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1;
     int64_t refused = 0;
@@ -1780,8 +1806,13 @@ int64_t draw_block_verdicts(const struct sampled_verdict_args *a) {
     struct block_state s = block_state_of(requests, requests * drafted, &refused);
     if (!refused) refused = draw_for_verdicts(a, &v);
     if (!refused) {
-        for (int64_t b = 0; b < requests; b++) block_ratios(a, &v, &s, b);
+        start_blocks(a, &v, &s);
         refused = judge_blocks(a, &v, &s);
+    }
+    for (int64_t b = 0; b < requests && !refused; b++) {
+        a->first[b] = s.tau[b];
+        for (int64_t j = 0, at = b * drafted; j < drafted; j++, at++)
+            a->recovered[at] = j < s.tau[b] ? v.draft[at] : v.drawn[at];
     }
     free_verdict_buffers(&v);
     free_block_state(&s);

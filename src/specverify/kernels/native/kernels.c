@@ -1764,16 +1764,26 @@ static int64_t judge_round(const struct sampled_verdict_args *a, const struct ve
     return open;
 }
 
+/* The values the draws of every drafted position of a call would read: n for a dense kept row, its count
+ * for a short list (the measure of judge_blocks' work, as rows * n is of the kernels' others). */
+static int64_t block_work(const struct sampled_verdict_args *a, const struct verdict_buffers *v) {
+    const int64_t per_position = a->rows.per_position, rows = a->rows.requests * per_position;
+    int64_t work = 0;
+    for (int64_t row = 0; row < rows; row++)
+        if (row % per_position < per_position - 1) work += v->kept.count[row] < 0 ? a->rows.n : v->kept.count[row];
+    return work;
+}
+
 /* Stage of draw_block_verdicts, the verdicts (SPEC §3.6) with the fewest draws: in rounds, each drawing in
  * parallel (block_draw: a position's R_j and the stages' draw there, by one pass) the next `chunk`
  * positions of every request still judging its prefixes from the longest down, then judging them
  * (judge_round), until every request has kept one; no position below a request's tau is drawn. chunk is 1
  * (each request alone is lazy), or where the requests are fewer than the team's threads, enough positions
- * for every thread. */
+ * for every thread; one thread where the kept rows are short lists of few tokens in all. */
 static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
     const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, n = a->rows.n;
     const int64_t blocks = (n + a->rows.block - 1) / a->rows.block, positions = requests * drafted;
-    const int parallel = positions > 1 && positions * n >= PARALLEL_WORK;
+    const int parallel = positions > 1 && block_work(a, v) >= PARALLEL_WORK;
     const int64_t team = parallel ? team_size() : 1, chunk = team > requests ? (team + requests - 1) / requests : 1;
     int64_t refused = 0, open = 1;
 #pragma omp parallel if (parallel)

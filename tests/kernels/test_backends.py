@@ -352,8 +352,8 @@ def test_block_verdicts_in_one_kernel_call_match_the_stages(monkeypatch, case):
 @pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 def test_block_verdicts_of_a_lone_request_match_the_batch():
     """A request alone (fewer requests than threads: draw_block_verdicts draws two positions a round, one
-    per thread) gets the outputs it gets in a batch (one position of each request a round), on dense and
-    sparse kept sets."""
+    per thread) gets the outputs it gets in a batch (where each request is judged by one thread, one
+    position at a time), on dense and sparse kept sets."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

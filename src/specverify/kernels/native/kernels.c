@@ -1746,22 +1746,50 @@ static inline int block_drawn_in(const struct block_state *s, int64_t b, int64_t
     return s->tau[b] < 0 && j < s->low[b] && j >= s->low[b] - chunk;
 }
 
-/* Stage of judge_blocks after a round's draws: each request whose tau is not known judges its prefixes
- * ending at the positions just drawn, from the longest down, until one is kept (prefix 0 always is).
- * Returns how many requests' tau is still not known. */
-static int64_t judge_round(const struct sampled_verdict_args *a, const struct verdict_buffers *v,
-                           struct block_state *s, int64_t chunk) {
+/* Stage of judge_blocks after a round's draws, request b (its tau not known yet): its prefixes ending at
+ * the `chunk` positions just drawn, judged from the longest down until one is kept (prefix 0 always is). */
+static void judge_request(const struct verdict_buffers *v, struct block_state *s, int64_t b, int64_t chunk,
+                          int64_t drafted) {
+    const int64_t lowest = s->low[b] > chunk ? s->low[b] - chunk : 0;
+    for (int64_t i = s->low[b] - 1; i >= lowest && s->tau[b] < 0; i--)
+        if (i == 0 || prefix_kept(v, s, b, i, drafted)) s->tau[b] = i;
+    s->low[b] = lowest;
+}
+
+/* Stage of judge_blocks, request b alone, lazily: the padding's draws, then one position at a time from
+ * its longest prefix down, each judged at once (judge_request), until a prefix is kept. */
+static void judge_alone(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                        int64_t b, struct block_scratch *t) {
     const int64_t drafted = a->rows.per_position - 1;
-    int64_t open = 0;
-    for (int64_t b = 0; b < a->rows.requests; b++) {
-        if (s->tau[b] >= 0) continue;
-        const int64_t lowest = s->low[b] > chunk ? s->low[b] - chunk : 0;
-        for (int64_t i = s->low[b] - 1; i >= lowest && s->tau[b] < 0; i--)
-            if (i == 0 || prefix_kept(v, s, b, i, drafted)) s->tau[b] = i;
-        s->low[b] = lowest;
-        open += s->tau[b] < 0;
+    for (int64_t round = 0; round == 0 || s->tau[b] < 0; round++) {
+        for (int64_t j = 0; j < drafted; j++)
+            if (block_drawn_in(s, b, j, round, 1)) v->drawn[b * drafted + j] = block_draw(a, v, s, b, j, t);
+        if (s->tau[b] < 0) judge_request(v, s, b, 1, drafted);
     }
-    return open;
+}
+
+/* Stage of judge_blocks, fewer requests than threads: in rounds, each drawing in parallel the `chunk` next
+ * positions of every request whose tau is not known (block_drawn_in), then judging them (judge_request),
+ * until every tau is known. Run by every thread of the team (t: the thread's scratch; ready: whether it
+ * has it); `open` is shared. */
+static void judge_in_rounds(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                            int64_t chunk, struct block_scratch *t, int ready, int64_t *refused, int64_t *open) {
+    const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, positions = requests * drafted;
+    for (int64_t round = 0; *open; round++) {
+#pragma omp for schedule(dynamic)
+        for (int64_t at = 0; at < positions; at++)
+            if (ready && block_drawn_in(s, at / drafted, at % drafted, round, chunk))
+                v->drawn[at] = block_draw(a, v, s, at / drafted, at % drafted, t);
+#pragma omp single
+        {
+            *open = 0;
+            for (int64_t b = 0; b < requests && !*refused; b++) {
+                if (s->tau[b] >= 0) continue;
+                judge_request(v, s, b, chunk, drafted);
+                *open += s->tau[b] < 0;
+            }
+        }
+    }
 }
 
 /* The values the draws of every drafted position of a call would read: n for a dense kept row, its count
@@ -1774,16 +1802,15 @@ static int64_t block_work(const struct sampled_verdict_args *a, const struct ver
     return work;
 }
 
-/* Stage of draw_block_verdicts, the verdicts (SPEC §3.6) with the fewest draws: in rounds, each drawing in
- * parallel (block_draw: a position's R_j and the stages' draw there, by one pass) the next `chunk`
- * positions of every request still judging its prefixes from the longest down, then judging them
- * (judge_round), until every request has kept one; no position below a request's tau is drawn. chunk is 1
- * (each request alone is lazy), or where the requests are fewer than the team's threads, enough positions
- * for every thread; one thread where the kept rows are short lists of few tokens in all. */
+/* Stage of draw_block_verdicts, the verdicts (SPEC §3.6) with the fewest draws: each request judges its
+ * prefixes from the longest down, drawing a position (block_draw: its R_j and the stages' draw there, by
+ * one pass) only as the prefix ending there is judged, so that no position below its tau is drawn; the
+ * requests in parallel, each alone (judge_alone), or where they are fewer than the team's threads, in
+ * rounds of enough positions for every thread (judge_in_rounds); one thread where the kept rows are short
+ * lists of few tokens in all. */
 static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
-    const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, n = a->rows.n;
-    const int64_t blocks = (n + a->rows.block - 1) / a->rows.block, positions = requests * drafted;
-    const int parallel = positions > 1 && block_work(a, v) >= PARALLEL_WORK;
+    const int64_t requests = a->rows.requests, n = a->rows.n, blocks = (n + a->rows.block - 1) / a->rows.block;
+    const int parallel = requests * (a->rows.per_position - 1) > 1 && block_work(a, v) >= PARALLEL_WORK;
     const int64_t team = parallel ? team_size() : 1, chunk = team > requests ? (team + requests - 1) / requests : 1;
     int64_t refused = 0, open = 1;
 #pragma omp parallel if (parallel)
@@ -1791,13 +1818,12 @@ static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict
     struct block_scratch t = {.sums = allocate((uint64_t)blocks * sizeof(double), &refused),
                               .q = allocate((uint64_t)n * sizeof(float), &refused)};
     const int ready = t.sums && t.q;
-    for (int64_t round = 0; open; round++) {
+    if (chunk > 1) {
+        judge_in_rounds(a, v, s, chunk, &t, ready, &refused, &open);
+    } else {
 #pragma omp for schedule(dynamic)
-        for (int64_t at = 0; at < positions; at++)
-            if (ready && block_drawn_in(s, at / drafted, at % drafted, round, chunk))
-                v->drawn[at] = block_draw(a, v, s, at / drafted, at % drafted, &t);
-#pragma omp single
-        open = refused ? 0 : judge_round(a, v, s, chunk);
+        for (int64_t b = 0; b < requests; b++)
+            if (ready) judge_alone(a, v, s, b, &t);
     }
     free(t.sums);
     free(t.q);

@@ -8,12 +8,12 @@ kept, whole rows of weights). Drafts: "random" (benchmarks/cases.py's: uniform i
 (drawn from that q, a law unrelated to the target's: hardly any accepted, so block verification judges every
 prefix and draws at every position, its worst case) and "from q" (q = p~ of the logits plus N(0, noise^2)
 noise, the drafts drawn from q: most of them accepted, so block verification stops early). With --stages,
-block verification in stages over the C row ops too (the path before draw_block_verdicts), in the same
-alternation, its ratio to token-wise beside. Logits: specverify.bench.inputs.make_batch's, float32. Per row of
-the table: min and median ms of each rule, block / token of the mins and of the medians, and the mean accepted
-drafts per request of each (block's in expectation at least token-wise's). The machine may be shared: the
-ratios, timed side by side, are what to compare; the load average is printed before and after. The last line
-printed is one JSON object.
+block verification in stages over the C row ops too (the path before draw_block_verdicts), the three calls in
+an order rotated every repeat, its ratio to token-wise beside. Logits: specverify.bench.inputs.make_batch's,
+float32. Per row of the table: min and median ms of each rule, block / token of the mins and of the medians,
+and the mean accepted drafts per request of each (block's in expectation at least token-wise's). The machine
+may be shared: the ratios, timed side by side, are what to compare; the load average is printed before and
+after. The last line printed is one JSON object.
 
     python benchmarks/bench_block.py                       # B = 1 and 32, K = 4, V = 128256, 2 threads
     python benchmarks/bench_block.py --batches 1 --repeats 41 --threads 1
@@ -87,8 +87,8 @@ def _staged(arguments: dict) -> Callable[[], object]:
 
 
 def measure(arguments: dict, repeats: int, stages: bool = False) -> dict:
-    """Token-wise and block calls alternating (and with `stages`, block in stages after them): min and
-    median ms of each, block / token ratios, and the mean accepted drafts per request of each rule."""
+    """Token-wise and block calls alternating (with `stages`, block in stages too, the order rotated): min
+    and median ms of each, ratios to token-wise, and the mean accepted drafts per request of each rule."""
     calls = {rule: {**arguments, "verification": rule} for rule in ("token", "block")}
     runs = {rule: functools.partial(sv.stochastic_acceptance_sampler, **call) for rule, call in calls.items()}
     if stages:
@@ -99,8 +99,9 @@ def measure(arguments: dict, repeats: int, stages: bool = False) -> dict:
             first = run()[0]
         accepted[rule] = float(first.double().mean())
     times: dict[str, list[float]] = {rule: [] for rule in runs}
-    for repeat in range(repeats):
-        for rule in list(runs) if repeat % 2 == 0 else list(runs)[::-1]:
+    names = list(runs)
+    for repeat in range(repeats):  # the order rotated every repeat: each rule follows each other as often
+        for rule in names[repeat % len(names) :] + names[: repeat % len(names)]:
             start = time.perf_counter()
             runs[rule]()
             times[rule].append(time.perf_counter() - start)

@@ -1537,6 +1537,8 @@ struct block_state {
 struct block_scratch {
     double *sums; /* [ceil(n / block)]: a residual's block sums */
     float *q;     /* [n]: a position's draft probabilities times 1 / P_j */
+    int64_t *tau; /* int64 [requests]: the thread's own copy of block_state's tau (judge_in_rounds) */
+    int64_t *low; /* int64 [requests]: ... and of its low */
 };
 
 /* The block_state of a call of `positions` = requests * drafted drafted positions (NULL pointers where one
@@ -1771,25 +1773,28 @@ static void judge_alone(const struct sampled_verdict_args *a, struct verdict_buf
 /* Stage of judge_blocks, fewer requests than threads: in rounds, each drawing in parallel the `chunk` next
  * positions of every request whose tau is not known (block_drawn_in), then judging them (judge_request),
  * until every tau is known. Run by every thread of the team (t: the thread's scratch; ready: whether it
- * has it); `open` is shared. */
+ * has it): each judges every request after a round's draws, alike, on its own copy of tau and low, so
+ * that a round waits once (for its draws), not twice; the first thread's taus are written to s. */
 static void judge_in_rounds(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
-                            int64_t chunk, struct block_scratch *t, int ready, int64_t *refused, int64_t *open) {
+                            int64_t chunk, struct block_scratch *t, int ready, const int64_t *refused) {
     const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, positions = requests * drafted;
-    for (int64_t round = 0; *open; round++) {
+    struct block_state own = *s;
+    own.tau = ready ? memcpy(t->tau, s->tau, (size_t)requests * sizeof *t->tau) : s->tau;
+    own.low = ready ? memcpy(t->low, s->low, (size_t)requests * sizeof *t->low) : s->low;
+    for (int64_t round = 0, open = 1; open; round++) {
 #pragma omp for schedule(dynamic)
         for (int64_t at = 0; at < positions; at++)
-            if (ready && block_drawn_in(s, at / drafted, at % drafted, round, chunk))
-                v->drawn[at] = block_draw(a, v, s, at / drafted, at % drafted, t);
-#pragma omp single
-        {
-            *open = 0;
-            for (int64_t b = 0; b < requests && !*refused; b++) {
-                if (s->tau[b] >= 0) continue;
-                judge_request(v, s, b, chunk, drafted);
-                *open += s->tau[b] < 0;
-            }
+            if (ready && block_drawn_in(&own, at / drafted, at % drafted, round, chunk))
+                v->drawn[at] = block_draw(a, v, &own, at / drafted, at % drafted, t);
+        open = 0;
+        for (int64_t b = 0; b < requests && ready && !*refused; b++) {
+            if (own.tau[b] >= 0) continue;
+            judge_request(v, &own, b, chunk, drafted);
+            open += own.tau[b] < 0;
         }
     }
+#pragma omp master
+    if (ready) memcpy(s->tau, own.tau, (size_t)requests * sizeof *s->tau);
 }
 
 /* The values the draws of every drafted position of a call would read: n for a dense kept row, its count
@@ -1812,14 +1817,16 @@ static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict
     const int64_t requests = a->rows.requests, n = a->rows.n, blocks = (n + a->rows.block - 1) / a->rows.block;
     const int parallel = requests * (a->rows.per_position - 1) > 1 && block_work(a, v) >= PARALLEL_WORK;
     const int64_t team = parallel ? team_size() : 1, chunk = team > requests ? (team + requests - 1) / requests : 1;
-    int64_t refused = 0, open = 1;
+    int64_t refused = 0;
 #pragma omp parallel if (parallel)
     {
     struct block_scratch t = {.sums = allocate((uint64_t)blocks * sizeof(double), &refused),
-                              .q = allocate((uint64_t)n * sizeof(float), &refused)};
-    const int ready = t.sums && t.q;
+                              .q = allocate((uint64_t)n * sizeof(float), &refused),
+                              .tau = allocate((uint64_t)requests * sizeof(int64_t), &refused),
+                              .low = allocate((uint64_t)requests * sizeof(int64_t), &refused)};
+    const int ready = t.sums && t.q && t.tau && t.low;
     if (chunk > 1) {
-        judge_in_rounds(a, v, s, chunk, &t, ready, &refused, &open);
+        judge_in_rounds(a, v, s, chunk, &t, ready, &refused);
     } else {
 #pragma omp for schedule(dynamic)
         for (int64_t b = 0; b < requests; b++)
@@ -1827,6 +1834,8 @@ static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict
     }
     free(t.sums);
     free(t.q);
+    free(t.tau);
+    free(t.low);
     }
     return refused;
 }

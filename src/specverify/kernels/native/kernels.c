@@ -1614,15 +1614,17 @@ IN_CLONE double scaled_residual_sums(const float *w, const float *q, float inver
         const int64_t end = start + block < n ? start + block : n;
         float lanes[16] = {0};
         int64_t i = start;
-        for (; i + 15 < end; i += 16)
-            for (int lane = 0; lane < 16; lane++) {
-                scaled[i + lane] = q[i + lane] * inverse;
-                lanes[lane] += residual_term(w[i + lane], scaled[i + lane], scale);
-            }
+        for (; i + 15 < end; i += 16) { /* (the stores last: no load of q or w after one, whatever aliases) */
+            float product[16];
+            for (int lane = 0; lane < 16; lane++) product[lane] = q[i + lane] * inverse;
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += residual_term(w[i + lane], product[lane], scale);
+            for (int lane = 0; lane < 16; lane++) scaled[i + lane] = product[lane];
+        }
         double sum = 0.0;
         for (; i < end; i++) {
-            scaled[i] = q[i] * inverse;
-            sum += residual_term(w[i], scaled[i], scale);
+            const float product = q[i] * inverse;
+            sum += residual_term(w[i], product, scale);
+            scaled[i] = product;
         }
         for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
         sums[b] = sum;

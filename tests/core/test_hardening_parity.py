@@ -39,10 +39,10 @@ def _call(batch: int, positions: int, vocab: int, mode: str, seed: int = 0) -> d
         token_bitmasks=sv.pack_bitmask(allowed),
         min_p=pick([0.0, 0.05, 0.5], torch.float32),
     )
-    if mode == "sampled":
+    if mode in ("sampled", "block"):
         q = torch.softmax(torch.randn(batch, positions, vocab, generator=g) * 2, -1)
         q[::4] = 0.0
-        args.update(draft_proposal="sampled", draft_probs_full=q)
+        args.update(draft_proposal="sampled", draft_probs_full=q, verification="token" if mode == "sampled" else mode)
     elif mode == "relaxed":
         args.update(in_thinking_phase=torch.rand(batch, generator=g) < 0.5, relaxed_topk=4, relaxed_delta=0.2)
     return args
@@ -80,7 +80,7 @@ def _with_threads(count: int, function, *args):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("mode", ["argmax", "sampled", "relaxed"])
+@pytest.mark.parametrize("mode", ["argmax", "sampled", "relaxed", "block"])
 @pytest.mark.parametrize("shape", [(64, 4, 50), (16, 3, 5000), (2, 1, 200_000)], ids=["V=50", "V=5000", "V=200000"])
 def test_one_and_two_threads_give_identical_results(code_path, mode, shape):
     args = _call(*shape, mode)
@@ -91,7 +91,7 @@ def test_one_and_two_threads_give_identical_results(code_path, mode, shape):
 
 
 @pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are not available")
-@pytest.mark.parametrize("mode", ["argmax", "sampled"])
+@pytest.mark.parametrize("mode", ["argmax", "sampled", "block"])
 def test_kernels_built_without_openmp_give_identical_results(monkeypatch, tmp_path, mode):
     """Where torch does not run on GNU OpenMP the kernels are built without it and a Python thread pool
     splits the rows: the same results, bit for bit."""

@@ -364,3 +364,121 @@ def test_triton_block_verification_over_many_tiles_and_wide_nuclei(monkeypatch):
     args["target_logits"] = args["target_logits"] * 0.05
     args["top_k"] = torch.full((6,), -1)
     _assert_block_tokens_equal(args)
+
+
+#: Block verification cases (SPEC §3.6): (B, K, V, logits dtype, q dtype, truncation, with masks), each
+#: with ragged drafts, greedy rows, all-zero q rows and rows whose q is p~ itself mixed in (_block_arguments).
+BLOCK_CASES = {
+    "top-k, top-p, min-p, masks": (12, 4, 300, torch.float32, torch.float32, "mixed", True),
+    "K = 0": (5, 0, 300, torch.float32, torch.float32, "mixed", False),
+    "K = 1": (12, 1, 300, torch.float32, torch.float32, "mixed", True),
+    "K = 2": (12, 2, 300, torch.float32, torch.float32, "mixed", False),
+    "K = 3": (12, 3, 300, torch.float32, torch.float32, "mixed", False),
+    "bfloat16 logits and q": (12, 4, 300, torch.bfloat16, torch.bfloat16, "mixed", True),
+    "float16 logits and q": (12, 4, 300, torch.float16, torch.float16, "mixed", False),
+    "float64 q": (12, 4, 300, torch.float32, torch.float64, "mixed", False),
+    "large V, sparse kept sets (top-k 50)": (9, 4, 20000, torch.float32, torch.float32, "top-k", False),
+    "large V, dense kept sets (temperature only)": (9, 4, 20000, torch.bfloat16, torch.float32, "temperature", True),
+}
+
+
+def _block_arguments(case: tuple, g: torch.Generator) -> dict:
+    """A block call of `case`: drafts drawn from q, which is p~ of noisier logits (noise 0, 0.3, 1 by row:
+    q = p~ exactly, close, far), the noisy ones mixed with a little of a flat law so that q covers tokens
+    p~ drops; row 1 ragged after one draft, row 2 without drafts, every fifth row greedy, row 3's q all
+    zero."""
+    batch, positions, vocab, dtype, q_dtype, truncation, masked = case
+    logits = torch.randn(batch, positions + 1, vocab, generator=g) * 2
+    pick = lambda values: torch.tensor(values)[torch.randint(0, len(values), (batch,), generator=g)]  # noqa: E731
+    temperature = pick([0.5, 0.8, 1.0, 1.3])
+    temperature[::5] = 0.0
+    top_k, top_p, min_p = torch.full((batch,), -1), torch.ones(batch), torch.zeros(batch)
+    if truncation in ("mixed", "top-k"):
+        top_k = pick([-1, 5, 50]) if truncation == "mixed" else torch.full((batch,), 50)
+    if truncation == "mixed":
+        top_p, min_p = pick([1.0, 0.9, 0.6]), pick([0.0, 0.0, 0.05])
+    bits = torch.rand(batch, positions + 1, vocab, generator=g) < 0.8 if masked else None
+    if bits is not None:
+        bits[..., 0] = True
+    mask = None if bits is None else sv.pack_bitmask(bits)
+    noise = torch.tensor([0.0, 0.3, 1.0])[torch.arange(batch) % 3].view(-1, 1, 1)
+    noisy = (logits + noise * torch.randn(logits.shape, generator=g)).to(dtype)
+    per_row = lambda t: t.repeat_interleave(positions + 1)  # noqa: E731
+    words = None if mask is None else mask.view(-1, mask.shape[-1])
+    q = sv.truncated_probs(noisy.view(-1, vocab), *map(per_row, (temperature, top_k, top_p, min_p)), words)
+    q = q.view(batch, positions + 1, vocab)[:, :positions]
+    q = 0.98 * q + 0.02 / vocab * (noise > 0)
+    q = q / q.sum(-1, keepdim=True)
+    draft = torch.zeros(batch, positions, dtype=torch.int64)
+    if positions:
+        draft = torch.multinomial(q.reshape(-1, vocab).float(), 1, generator=g).view(batch, positions)
+        draft[min(1, batch - 1), 1:] = -1
+        draft[min(2, batch - 1), 0] = -1
+    if batch > 3:
+        q[3] = 0.0  # no distribution: each draft judged as its point mass
+    return dict(
+        draft_tokens=draft, target_logits=logits.to(dtype), temperature=temperature, top_k=top_k, max_k=None,
+        top_p=top_p, min_top_p=None, seed=torch.randint(0, 2**62, (batch,), generator=g),
+        token_bitmasks=mask, draft_proposal="sampled", draft_probs_full=q.to(q_dtype), min_p=min_p,
+        verification="block", validate=False,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+@pytest.mark.parametrize("case", BLOCK_CASES.values(), ids=BLOCK_CASES.keys())
+def test_block_verdicts_in_one_kernel_call_match_the_stages(monkeypatch, case):
+    """verification="block" on the C kernels (draw_block_verdicts: one kernel call, the residual masses
+    computed lazily from the longest prefix down) gives every output of the stages over the C row ops bit
+    for bit (the first rejection, the recovered tokens: the drafts before it, the stages' draws from it on,
+    and the bonus), and the torch reference's stages' first rejections and bonus tokens, and (V = 300)
+    committed tokens. (Not every recovered token of torch's: after the first rejection §1 leaves them free,
+    and torch's recovery differs where p~ without the draft is empty, which is never committed; at large V
+    torch's recovery walk, on p~ divided by its mass in float32, may land on the next token, as in
+    token-wise mode.)"""
+    from specverify.kernels.stages import chain
+    from tests.support.backends import torch_path
+
+    g = torch.Generator().manual_seed(sum(map(ord, str(case))))
+    outputs, kept = [], []
+    for repeat in range(3):
+        args = {**_block_arguments(case, g), "validate": repeat == 1 and case[4] != torch.bfloat16}
+        with torch_path():
+            expected = sv.stochastic_acceptance_sampler(**args)
+        with backend_path("native"):
+            got = sv.stochastic_acceptance_sampler(**args)
+            with monkeypatch.context() as patch:
+                patch.setattr(native, "verify_chain", lambda call: chain.verify_chain(call, native))
+                staged = sv.stochastic_acceptance_sampler(**args)
+        for name, s, o in zip(("first", "recovered", "bonus"), staged, got):
+            assert o.shape == s.shape and o.dtype == torch.int64, name
+            assert torch.equal(o, s), f"{name}: {o.tolist()} != stages on the C ops {s.tolist()}"
+        for name, e, o in zip(("first", "bonus"), expected[::2], got[::2]):
+            assert torch.equal(o, e), f"{name}: {o.tolist()} != torch's {e.tolist()}"
+        if case[2] <= 300:
+            for e, o in zip(sv.committed_tokens(*expected), sv.committed_tokens(*got)):
+                assert torch.equal(o, e), f"committed: {o.tolist()} != torch's {e.tolist()}"
+        outputs.append(got[0])
+        drafted = (args["draft_tokens"] >= 0).sum(-1)
+        kept.append(torch.stack([got[0] == drafted, (got[0] > 0) & (got[0] < drafted), got[0] == 0]))
+    if case[1] >= 2:  # whole blocks, inner prefixes and nothing are each kept somewhere
+        assert torch.cat(kept, 1).any(1).all(), torch.cat(outputs).tolist()
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
+def test_block_verdicts_of_a_lone_request_match_the_batch():
+    """A request alone (fewer requests than threads: draw_block_verdicts draws two positions a round, one
+    per thread) gets the outputs it gets in a batch (where each request is judged by one thread, one
+    position at a time), on dense and sparse kept sets."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for name in ("large V, sparse kept sets (top-k 50)", "large V, dense kept sets (temperature only)"):
+            args = _block_arguments(BLOCK_CASES[name], torch.Generator().manual_seed(7))
+            with backend_path("native"):
+                batch = sv.stochastic_acceptance_sampler(**args)
+                for row in range(args["draft_tokens"].shape[0]):
+                    alone = {k: v[row : row + 1] if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+                    for whole, own in zip(batch, sv.stochastic_acceptance_sampler(**alone)):
+                        assert torch.equal(own[0], whole[row]), f"{name}, row {row}"
+    finally:
+        torch.set_num_threads(threads)

@@ -90,9 +90,11 @@ def test_a_verifier_call_raises_memory_error_and_the_process_goes_on(batch, thre
     assert first.shape == (batch,) and recovered.shape == (batch, drafted) and bonus.shape == (batch, 1)
 
 
-def test_sampled_verdicts_raise_memory_error_for_their_own_buffers():
-    """draw_sampled_verdicts' kept lists ([rows, KEPT_CAPACITY] int32 and float32: 4 rows * 1024 * 4 bytes)
-    are the largest it asks for itself."""
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_sampled_verdicts_raise_memory_error_for_their_own_buffers(verification):
+    """draw_sampled_verdicts' (and block verification's draw_block_verdicts') kept lists ([rows,
+    KEPT_CAPACITY] int32 and float32: 4 rows * 1024 * 4 bytes) are the largest it asks for itself; the
+    same call runs once the limit is lifted."""
     batch, drafted = 1, 3
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(batch, drafted + 1, VOCAB, generator=generator)
@@ -100,17 +102,10 @@ def test_sampled_verdicts_raise_memory_error_for_their_own_buffers():
     draft_probs = torch.softmax(torch.randn(batch, drafted, VOCAB, generator=generator), -1)
     temperature, top_k, top_p = _params(batch)
     kept_bytes = (drafted + 1) * native.KEPT_CAPACITY * 4
+    arguments = (draft, logits, temperature, top_k, None, top_p, None, 7)
+    options = dict(draft_proposal="sampled", draft_probs_full=draft_probs, verification=verification)
     with allocations_refused_above(kept_bytes - 1), pytest.raises(MemoryError) as raised:
-        specverify.stochastic_acceptance_sampler(
-            draft,
-            logits,
-            temperature,
-            top_k,
-            None,
-            top_p,
-            None,
-            7,
-            draft_proposal="sampled",
-            draft_probs_full=draft_probs,
-        )
-    assert str(raised.value) == f"specverify: the C kernel draw_sampled_verdicts could not allocate {kept_bytes} bytes"
+        specverify.stochastic_acceptance_sampler(*arguments, **options)
+    kernel = "draw_block_verdicts" if verification == "block" else "draw_sampled_verdicts"
+    assert str(raised.value) == f"specverify: the C kernel {kernel} could not allocate {kept_bytes} bytes"
+    assert specverify.stochastic_acceptance_sampler(*arguments, **options)[1].shape == (batch, drafted)

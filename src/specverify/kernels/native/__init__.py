@@ -530,13 +530,15 @@ def draw_sampled_verdicts(
     salts: tuple[int, int, int],
     draft_probs: torch.Tensor,
     dense: torch.Tensor,
+    by_block: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sampled-mode verdicts of a chain call in one kernel call (kernels.c's draw_sampled_verdicts):
     draw_rows' draws and kept weights of logits [B, K + 1, V], the ratio test of each draft as given
     (int [B, K]: an id outside [0, V) and everything after it is padding) against draft_probs float [B, K, V],
-    and recover_kept_rows' recovery. seed as in draw_verdicts; salts: the streams' (target, accept,
-    residual); dense: float32 [B, K + 1, V] of room, contiguous -> (first rejected index int64 [B],
-    recovered int64 [B, K], bonus int64 [B, 1])."""
+    and recover_kept_rows' recovery; with by_block, block verification (SPEC §3.6, draw_block_verdicts) on
+    the same draws instead. seed as in draw_verdicts; salts: the streams' (target, accept, residual); dense:
+    float32 [B, K + 1, V] of room, contiguous -> (first rejected index int64 [B], recovered int64 [B, K],
+    bonus int64 [B, 1])."""
     requests, drafted = draft_tokens.shape
     per_position, vocab = drafted + 1, logits.shape[-1]
     logits, dtype = _readable(logits)
@@ -547,7 +549,8 @@ def draw_sampled_verdicts(
     tokens = torch.empty(requests, per_position, dtype=torch.int64)
     recovered = torch.empty(requests, drafted, dtype=torch.int64)
     first = torch.empty(requests, dtype=torch.int64)
-    kernel = load().draw_sampled_verdicts
+    name = "draw_block_verdicts" if by_block else "draw_sampled_verdicts"
+    kernel = getattr(load(), name)
 
     def run(a: int, b: int) -> None:
         struct = arguments.SampledVerdictArgs(
@@ -565,7 +568,7 @@ def draw_sampled_verdicts(
             draft_dtype=draft_dtype,
             capacity=KEPT_CAPACITY,
         )
-        _run(kernel, "draw_sampled_verdicts", struct)
+        _run(kernel, name, struct)
 
     _split_rows(requests, run)
     return first, recovered, tokens[:, drafted:]

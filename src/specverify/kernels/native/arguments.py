@@ -177,7 +177,7 @@ class RecoverKeptArgs(ctypes.Structure):
 
 
 class SampledVerdictArgs(ctypes.Structure):
-    """draw_sampled_verdicts: a sampled-mode chain call, draws to verdicts."""
+    """draw_sampled_verdicts and draw_block_verdicts: a sampled-mode chain call, draws to verdicts."""
 
     _fields_ = [
         ("rows", ChainRows),  # the logits and their rules
@@ -240,6 +240,7 @@ ENTRY_POINTS = {
     "draw_rows": DrawArgs,
     "recover_kept_rows": RecoverKeptArgs,
     "draw_sampled_verdicts": SampledVerdictArgs,
+    "draw_block_verdicts": SampledVerdictArgs,  # (verification="block": the same arguments and outputs)
     "relaxed_rows": RelaxedArgs,
 }
 

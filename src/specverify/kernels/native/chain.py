@@ -1,7 +1,7 @@
 """The C kernels' whole-call ops (interface.WholeCallOps). A chain call: every row's target draws, the
-verdicts and the first rejection in one kernel call (native.draw_verdicts / draw_sampled_verdicts); a
-call with relaxed rows runs in stages (stages.chain) with this module's fused draws for its sampled rows.
-A tree call: the walk of stages.tree.
+verdicts and the first rejection in one kernel call (native.draw_verdicts / draw_sampled_verdicts, the latter
+also for block verification); a call with relaxed rows runs in stages (stages.chain) with this module's
+fused draws for its sampled rows. A tree call: the walk of stages.tree.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ def verify_chain(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     """interface.WholeCallOps.verify_chain on the C kernels."""
     if call.relaxed is not None:
         return chain.verify_chain(call, native, drawn_stage)
-    if call.block:
-        return chain.verify_chain(call, native)  # block verification: in stages over the C row ops
     return _fused_verdicts(call)
 
 
@@ -37,8 +35,8 @@ def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """argmax_verdict and greedy_verdict (draft_probs None) or sampled_verdict for every row, with the first
-    rejection, in one kernel call: the keyed draws from p~ (a greedy row's argmax), the padding of drafts
+    """argmax_verdict and greedy_verdict (draft_probs None), or sampled_verdict (block_verdict where
+    call.block) for every row, with the first rejection, in one kernel call: the keyed draws from p~ (a greedy row's argmax), the padding of drafts
     that are not ids and the keys s_b + j applied inside it, the weights never written out but where
     sampled mode keeps a large kept set for its recovery.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
@@ -50,7 +48,7 @@ def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.
         return native.draw_verdicts(masked, call.draft_tokens, *params, *seed, _CHAIN_SALTS[0])
     dense = scratch_weights(masked.shape, masked.device)
     return native.draw_sampled_verdicts(
-        masked, call.draft_tokens, *params, *seed, _CHAIN_SALTS, call.draft_probs, dense
+        masked, call.draft_tokens, *params, *seed, _CHAIN_SALTS, call.draft_probs, dense, call.block
     )
 
 

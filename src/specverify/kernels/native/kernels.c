@@ -24,6 +24,9 @@
 #include <string.h>
 #include <math.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Below this many values a call stays on one thread. */
 #define PARALLEL_WORK 65536
@@ -1477,6 +1480,18 @@ IN_CLONE void judge_drafts(const struct sampled_verdict_args *a, struct verdict_
     }
 }
 
+/* Stage of draw_sampled_verdicts and draw_block_verdicts, the draws: the drafts padded (pad_drafts), then
+ * draw_rows' draws, and the kept weights, draft weights and accept uniforms of every drafted position, into
+ * v. Returns draw_rows' refusal (0 when it allocated all it needed). */
+static int64_t draw_for_verdicts(const struct sampled_verdict_args *a, struct verdict_buffers *v) {
+    const struct chain_rows *rules = &a->rows;
+    pad_drafts(a->proposed, rules->requests, rules->per_position - 1, rules->n, v->draft);
+    const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = a->tokens,
+                                    .draft = v->draft, .accept_salt = a->accept_salt, .at_draft = v->at_draft,
+                                    .accept_uniforms = v->accept, .kept = v->kept};
+    return draw_rows(&draws);
+}
+
 /* The sampled-mode verdicts of a chain call (SPEC §3.2) in one call (struct sampled_verdict_args), in
  * stages: the drafts padded (pad_drafts); draw_rows' draws and kept weights of every row; the ratio test
  * at each drafted position (judge_drafts); the recovery of recover_kept_rows at every drafted position
@@ -1486,13 +1501,7 @@ CLONES int64_t draw_sampled_verdicts(const struct sampled_verdict_args *a) {
     const int64_t requests = rules->requests, drafted = rules->per_position - 1;
     int64_t refused = 0;
     struct verdict_buffers v = verdict_buffers_of(a, &refused);
-    if (!refused) {
-        pad_drafts(a->proposed, requests, drafted, rules->n, v.draft);
-        const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = a->tokens,
-                                        .draft = v.draft, .accept_salt = a->accept_salt, .at_draft = v.at_draft,
-                                        .accept_uniforms = v.accept, .kept = v.kept};
-        refused = draw_rows(&draws);
-    }
+    if (!refused) refused = draw_for_verdicts(a, &v);
     if (!refused) {
         judge_drafts(a, &v);
         const struct recover_kept_args recovery = {
@@ -1504,6 +1513,356 @@ CLONES int64_t draw_sampled_verdicts(const struct sampled_verdict_args *a) {
     if (!refused)
         for (int64_t at = 0; at < requests * drafted; at++) a->recovered[at] = v.accepted[at] ? v.draft[at] : v.drawn[at];
     free_verdict_buffers(&v);
+    return refused;
+}
+
+/* ---- Block verification (SPEC §3.6): draw_block_verdicts, the fused path of verification="block". It
+ * shares draw_sampled_verdicts' draws and kept weights (draw_for_verdicts); only the judge differs. Every
+ * value of the rule is computed as stages.rules.block_verdict computes it (float64, p~(d) the float32 weight
+ * over the float32 mass), the scalar rule outside the clones so that no product is fused into an add; the
+ * draws are recover_rows' on q scaled by the float32 1 / P_j, bit for bit. ---- */
+
+/* What the block judge of a call holds per request (block_state_of), float64 unless said. */
+struct block_state {
+    double *joint;    /* [requests, drafted + 1]: P_0 .. P_drafted (entries past a request's drafts unused) */
+    double *p_draft;  /* [requests, drafted]: p~(d), the float32 weight over the float32 mass */
+    double *q_draft;  /* [requests, drafted]: q(d), 1 where q(d) <= 0 (judged without a distribution) */
+    double *residual; /* [requests, drafted]: R_j, where the judge drew at position j */
+    int64_t *gamma;   /* int64 [requests]: the drafts before the first -1 */
+    int64_t *low;     /* int64 [requests]: the lowest position drawn so far (gamma before any) */
+    int64_t *tau;     /* int64 [requests]: the longest kept prefix, -1 while not known */
+};
+
+/* A thread's buffers for the draws of the block judge. */
+struct block_scratch {
+    double *sums; /* [ceil(n / block)]: a residual's block sums */
+    float *q;     /* [n]: a position's draft probabilities times 1 / P_j */
+    int64_t *tau; /* int64 [requests]: the thread's own copy of block_state's tau (judge_in_rounds) */
+    int64_t *low; /* int64 [requests]: ... and of its low */
+};
+
+/* The block_state of a call of `positions` = requests * drafted drafted positions (NULL pointers where one
+ * was refused: the refusal is in *refused). */
+static struct block_state block_state_of(int64_t requests, int64_t positions, int64_t *refused) {
+    const uint64_t each = (uint64_t)positions * sizeof(double);
+    struct block_state state = {
+        .joint = allocate(each + (uint64_t)requests * sizeof(double), refused),
+        .p_draft = allocate(each, refused),
+        .q_draft = allocate(each, refused),
+        .residual = allocate(each, refused),
+        .gamma = allocate((uint64_t)requests * sizeof(int64_t), refused),
+        .low = allocate((uint64_t)requests * sizeof(int64_t), refused),
+        .tau = allocate((uint64_t)requests * sizeof(int64_t), refused),
+    };
+    return state;
+}
+
+static void free_block_state(struct block_state *state) {
+    free(state->joint);
+    free(state->p_draft);
+    free(state->q_draft);
+    free(state->residual);
+    free(state->gamma);
+    free(state->low);
+    free(state->tau);
+}
+
+/* Stage of draw_block_verdicts, the joint ratios of request b: at each drafted position j, the kept
+ * weights' mass (v->mass: the block sums added in block order) and mode (v->mode) as judge_drafts makes
+ * them, p~(d) and q(d) (stages.rules.draft_probabilities) and P_{j+1} = min(1, P_j p~(d) / q(d)), P_0 = 1
+ * (joint_ratios); s->gamma[b], the drafts before the row's first -1 (the drafts are padded). */
+static void block_ratios(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                         int64_t b) {
+    const int64_t per_position = a->rows.per_position, drafted = per_position - 1, n = a->rows.n;
+    const int64_t blocks = (n + a->rows.block - 1) / a->rows.block;
+    double *joint = s->joint + b * per_position;
+    joint[0] = 1.0;
+    s->gamma[b] = 0;
+    for (int64_t j = 0; j < drafted; j++) {
+        const int64_t at = b * drafted + j, d = v->draft[at];
+        const double *sums = v->kept.block_sums + (b * per_position + j) * blocks;
+        double total = 0.0;
+        for (int64_t t = 0; t < blocks; t++) total += sums[t];
+        v->mass[at] = total;
+        const double q_draft = d >= 0 ? (double)element_of(a->draft_probs, (int)a->draft_dtype, at, n, d) : 0.0;
+        s->p_draft[at] = (double)(v->at_draft[at] / (float)total);
+        s->q_draft[at] = q_draft <= 0.0 ? 1.0 : q_draft;
+        v->mode[at] = d < 0 ? FROM_TARGET : q_draft <= 0.0 ? WITHOUT_DRAFT : FROM_RESIDUAL;
+        const double ratio = joint[j] * s->p_draft[at] / s->q_draft[at];
+        joint[j + 1] = ratio < 1.0 ? ratio : 1.0;
+        s->gamma[b] += d >= 0;
+    }
+}
+
+/* One drafted position's kept weights as draw_rows left them (struct kept_rows), for the block judge. */
+struct kept_position {
+    const float *w;            /* float32 [n] where dense, else [count]: the weights of the tokens ids */
+    const int32_t *ids;        /* int32 [count], ascending; NULL where dense */
+    int64_t count;             /* the tokens held sparsely (0 where dense) */
+    const double *weight_sums; /* float64 [ceil(n / block)]: the weights' block sums */
+    double mass;               /* their total, added in block order */
+};
+
+/* residual_block_sums of q times inverse: each product rounded to float32 and stored in scaled[n] (where
+ * the draw then reads it; scaled may be q itself), the sums those residual_block_sums makes of scaled, bit
+ * for bit: a product that is also stored is never fused into the subtraction (GCC fuses a product into an
+ * add only where every use of it is one). Returns the total. */
+IN_CLONE double scaled_residual_sums(const float *w, const float *q, float inverse, float *scaled, int64_t n,
+                                     float scale, int64_t block, double *sums) {
+    double total = 0.0;
+    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+        const int64_t end = start + block < n ? start + block : n;
+        float lanes[16] = {0};
+        int64_t i = start;
+        for (; i + 15 < end; i += 16) { /* (the stores last: no load of q or w after one, whatever aliases) */
+            float product[16];
+            for (int lane = 0; lane < 16; lane++) product[lane] = q[i + lane] * inverse;
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += residual_term(w[i + lane], product[lane], scale);
+            for (int lane = 0; lane < 16; lane++) scaled[i + lane] = product[lane];
+        }
+        double sum = 0.0;
+        for (; i < end; i++) {
+            const float product = q[i] * inverse;
+            sum += residual_term(w[i], product, scale);
+            scaled[i] = product;
+        }
+        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+        sums[b] = sum;
+        total += sum;
+    }
+    return total;
+}
+
+/* The draw of recover (mode FROM_RESIDUAL) from the residual max(0, w / mass - q * inverse) of a position's
+ * kept weights, bit for bit recover's on q scaled beforehand (torch's `draft_probs.float() * inverse`): the
+ * same sums and walk. q: [n] where dense (scaled here, into scaled[n]), [count] where sparse (already
+ * scaled: inverse 1). Writes the residual's mass (the total of its block sums; 0 where it is empty, the
+ * draw then from p~) to *residual. sums: room for ceil(n / block) doubles. */
+CLONES static int64_t residual_walk(const struct kept_position *k, const float *q, float inverse, float *scaled,
+                                    double uniform, int64_t n, int64_t block, double *sums, double *residual) {
+    const float scale = (float)(1.0 / k->mass);
+    if (k->ids) {
+        *residual = kept_block_sums(k->ids, k->w, q, scale, k->count, n, block, sums);
+    } else if (inverse == 1.0f) {
+        *residual = residual_block_sums(k->w, q, n, scale, block, sums);
+    } else {
+        *residual = scaled_residual_sums(k->w, q, inverse, scaled, n, scale, block, sums);
+        q = scaled;
+    }
+    if (*residual > 0.0) return draw(k->w, k->ids, k->count, q, scale, -1, n, block, sums, uniform);
+    *residual = 0.0;
+    return draw(k->w, k->ids, k->count, NULL, scale, -1, n, block, k->weight_sums, uniform);
+}
+
+/* 1 / P_j as the factor of q in max(0, p~ - q / P_j), as stages.rules._inverse makes it: float64, clamped
+ * at float32's largest finite value, then rounded to float32; 1 where P_j is 0. */
+static inline float inverse_of(double joint) {
+    if (!(joint > 0.0)) return 1.0f;
+    const double inverse = 1.0 / joint;
+    return (float)(inverse < 0x1.fffffep127 ? inverse : 0x1.fffffep127);
+}
+
+/* q at drafted position `at` (draft_probs [.., n] of draft_dtype) for residual_walk, into buffer (n floats)
+ * where it is not the float32 row itself: where sparse, at the kept tokens ids[count] only, each times
+ * `inverse` rounded to float32 (*inverse then 1); where dense, the row (residual_walk scales it). */
+static const float *draft_row(const struct sampled_verdict_args *a, int64_t at, const struct kept_position *k,
+                              float *inverse, float *buffer) {
+    const int dtype = (int)a->draft_dtype;
+    const int64_t n = a->rows.n;
+    if (!k->ids) return float_row(a->draft_probs, dtype, at, n, buffer);
+    for (int64_t t = 0; t < k->count; t++) buffer[t] = element_of(a->draft_probs, dtype, at, n, k->ids[t]) * *inverse;
+    *inverse = 1.0f;
+    return buffer;
+}
+
+/* Stage of judge_block, the token the stages draw at drafted position j of request b (block_verdict's
+ * recovery_draw) with the residual stream's uniform of key s_b + j, from max(0, p~ - q / P_j)
+ * (FROM_RESIDUAL; p~ where that is empty), p~ without d (WITHOUT_DRAFT) or p~ (FROM_TARGET: padding); and
+ * R_j (kept_prefixes' residual mass) to s->residual: P_j times the residual's mass, or P_j (1 - p~(d)). */
+static int64_t block_draw(const struct sampled_verdict_args *a, const struct verdict_buffers *v,
+                          struct block_state *s, int64_t b, int64_t j, struct block_scratch *t) {
+    const int64_t n = a->rows.n, block = a->rows.block, blocks = (n + block - 1) / block, capacity = v->kept.capacity;
+    const int64_t drafted = a->rows.per_position - 1, at = b * drafted + j, row = b * (drafted + 1) + j;
+    const double uniform = keyed_uniform(request_seed(&a->keys, b) + (uint64_t)j, a->residual_salt);
+    const double joint = s->joint[row];
+    const int64_t count = v->kept.count[row];
+    const struct kept_position k = {
+        .w = count < 0 ? v->kept.dense + row * n : v->kept.weights + row * capacity,
+        .ids = count < 0 ? NULL : v->kept.ids + row * capacity,
+        .count = count < 0 ? 0 : count,
+        .weight_sums = v->kept.block_sums + row * blocks,
+        .mass = v->mass[at],
+    };
+    if (v->mode[at] != FROM_RESIDUAL) {
+        const double left = 1.0 - s->p_draft[at];
+        s->residual[at] = joint * (left > 0.0 ? left : 0.0);
+        return recover(k.w, k.ids, k.count, NULL, k.weight_sums, k.mass, v->draft[at], v->mode[at], uniform, n, block,
+                       t->sums);
+    }
+    float inverse = inverse_of(joint);
+    const float *q = draft_row(a, at, &k, &inverse, t->q);
+    double residual;
+    const int64_t token = residual_walk(&k, q, inverse, t->q, uniform, n, block, t->sums, &residual);
+    s->residual[at] = joint * residual;
+    return token;
+}
+
+/* Whether request b keeps the prefix of its first i >= 1 drafts (SPEC §3.6, kept_prefixes), on the coin of
+ * draft i - 1: all gamma drafts iff u q(d) < P_{gamma-1} p~(d) (§3.2's test); a shorter prefix iff P_i == 1
+ * or u (R_i + 1 - P_i) < R_i (R_i drawn before: block_draw). Not inlined into a clone: no product is fused
+ * into an add. */
+static __attribute__((noinline)) int prefix_kept(const struct verdict_buffers *v, const struct block_state *s,
+                                                int64_t b, int64_t i, int64_t drafted) {
+    const double u = v->accept[b * drafted + i - 1], *joint = s->joint + b * (drafted + 1);
+    if (i == s->gamma[b]) {
+        const int64_t last = b * drafted + i - 1;
+        return u * s->q_draft[last] < joint[i - 1] * s->p_draft[last];
+    }
+    const double residual = s->residual[b * drafted + i];
+    return joint[i] >= 1.0 || u * (residual + 1.0 - joint[i]) < residual;
+}
+
+/* The threads of the calling thread's team (1 without OpenMP). */
+static inline int64_t team_size(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Stage of draw_block_verdicts, each request's judge before any draw: its joint ratios (block_ratios);
+ * tau = gamma where every draft is kept (or there is none), else not known yet (-1); nothing drawn yet. */
+static void start_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
+    for (int64_t b = 0; b < a->rows.requests; b++) {
+        block_ratios(a, v, s, b);
+        const int64_t gamma = s->gamma[b];
+        s->low[b] = gamma;
+        s->tau[b] = gamma == 0 || prefix_kept(v, s, b, gamma, a->rows.per_position - 1) ? gamma : -1;
+    }
+}
+
+/* Whether round `round` of judge_blocks draws drafted position j of request b: a padding position (p~ on
+ * the residual stream, where the stages draw it) in the first round; else the `chunk` positions below the
+ * lowest drawn of a request whose tau is not known. */
+static inline int block_drawn_in(const struct block_state *s, int64_t b, int64_t j, int64_t round, int64_t chunk) {
+    if (j >= s->gamma[b]) return round == 0;
+    return s->tau[b] < 0 && j < s->low[b] && j >= s->low[b] - chunk;
+}
+
+/* Stage of judge_blocks after a round's draws, request b (its tau not known yet): its prefixes ending at
+ * the `chunk` positions just drawn, judged from the longest down until one is kept (prefix 0 always is). */
+static void judge_request(const struct verdict_buffers *v, struct block_state *s, int64_t b, int64_t chunk,
+                          int64_t drafted) {
+    const int64_t lowest = s->low[b] > chunk ? s->low[b] - chunk : 0;
+    for (int64_t i = s->low[b] - 1; i >= lowest && s->tau[b] < 0; i--)
+        if (i == 0 || prefix_kept(v, s, b, i, drafted)) s->tau[b] = i;
+    s->low[b] = lowest;
+}
+
+/* Stage of judge_blocks, request b alone, lazily: the padding's draws, then one position at a time from
+ * its longest prefix down, each judged at once (judge_request), until a prefix is kept. */
+static void judge_alone(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                        int64_t b, struct block_scratch *t) {
+    const int64_t drafted = a->rows.per_position - 1;
+    for (int64_t round = 0; round == 0 || s->tau[b] < 0; round++) {
+        for (int64_t j = 0; j < drafted; j++)
+            if (block_drawn_in(s, b, j, round, 1)) v->drawn[b * drafted + j] = block_draw(a, v, s, b, j, t);
+        if (s->tau[b] < 0) judge_request(v, s, b, 1, drafted);
+    }
+}
+
+/* Stage of judge_blocks, fewer requests than threads: in rounds, each drawing in parallel the `chunk` next
+ * positions of every request whose tau is not known (block_drawn_in), then judging them (judge_request),
+ * until every tau is known. Run by every thread of the team (t: the thread's scratch; ready: whether it
+ * has it): each judges every request after a round's draws, alike, on its own copy of tau and low, so
+ * that a round waits once (for its draws), not twice; the first thread's taus are written to s. */
+static void judge_in_rounds(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s,
+                            int64_t chunk, struct block_scratch *t, int ready, const int64_t *refused) {
+    const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1, positions = requests * drafted;
+    struct block_state own = *s;
+    own.tau = ready ? memcpy(t->tau, s->tau, (size_t)requests * sizeof *t->tau) : s->tau;
+    own.low = ready ? memcpy(t->low, s->low, (size_t)requests * sizeof *t->low) : s->low;
+    for (int64_t round = 0, open = 1; open; round++) {
+#pragma omp for schedule(dynamic)
+        for (int64_t at = 0; at < positions; at++)
+            if (ready && block_drawn_in(&own, at / drafted, at % drafted, round, chunk))
+                v->drawn[at] = block_draw(a, v, &own, at / drafted, at % drafted, t);
+        open = 0;
+        for (int64_t b = 0; b < requests && ready && !*refused; b++) {
+            if (own.tau[b] >= 0) continue;
+            judge_request(v, &own, b, chunk, drafted);
+            open += own.tau[b] < 0;
+        }
+    }
+#pragma omp master
+    if (ready) memcpy(s->tau, own.tau, (size_t)requests * sizeof *s->tau);
+}
+
+/* The values the draws of every drafted position of a call would read: n for a dense kept row, its count
+ * for a short list (the measure of judge_blocks' work, as rows * n is of the kernels' others). */
+static int64_t block_work(const struct sampled_verdict_args *a, const struct verdict_buffers *v) {
+    const int64_t per_position = a->rows.per_position, rows = a->rows.requests * per_position;
+    int64_t work = 0;
+    for (int64_t row = 0; row < rows; row++)
+        if (row % per_position < per_position - 1) work += v->kept.count[row] < 0 ? a->rows.n : v->kept.count[row];
+    return work;
+}
+
+/* Stage of draw_block_verdicts, the verdicts (SPEC §3.6) with the fewest draws: each request judges its
+ * prefixes from the longest down, drawing a position (block_draw: its R_j and the stages' draw there, by
+ * one pass) only as the prefix ending there is judged, so that no position below its tau is drawn; the
+ * requests in parallel, each alone (judge_alone), or where they are fewer than the team's threads, in
+ * rounds of enough positions for every thread (judge_in_rounds); one thread where the kept rows are short
+ * lists of few tokens in all. */
+static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {
+    const int64_t requests = a->rows.requests, n = a->rows.n, blocks = (n + a->rows.block - 1) / a->rows.block;
+    const int parallel = requests * (a->rows.per_position - 1) > 1 && block_work(a, v) >= PARALLEL_WORK;
+    const int64_t team = parallel ? team_size() : 1, chunk = team > requests ? (team + requests - 1) / requests : 1;
+    int64_t refused = 0;
+#pragma omp parallel if (parallel)
+    {
+    struct block_scratch t = {.sums = allocate((uint64_t)blocks * sizeof(double), &refused),
+                              .q = allocate((uint64_t)n * sizeof(float), &refused),
+                              .tau = allocate((uint64_t)requests * sizeof(int64_t), &refused),
+                              .low = allocate((uint64_t)requests * sizeof(int64_t), &refused)};
+    const int ready = t.sums && t.q && t.tau && t.low;
+    if (chunk > 1) {
+        judge_in_rounds(a, v, s, chunk, &t, ready, &refused);
+    } else {
+#pragma omp for schedule(dynamic)
+        for (int64_t b = 0; b < requests; b++)
+            if (ready) judge_alone(a, v, s, b, &t);
+    }
+    free(t.sums);
+    free(t.q);
+    free(t.tau);
+    free(t.low);
+    }
+    return refused;
+}
+
+/* The block verdicts of a sampled-mode chain call (SPEC §3.6) in one call, on draw_sampled_verdicts'
+ * struct and with its outputs, in stages: draw_for_verdicts' draws and kept weights; each request's joint
+ * ratios and whole-block test (start_blocks); the verdicts (judge_blocks). first[b] = tau, the longest kept
+ * prefix; recovered: the drafts before tau, the stages' draws from tau on; the bonus in tokens. */
+int64_t draw_block_verdicts(const struct sampled_verdict_args *a) {
+    const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1;
+    int64_t refused = 0;
+    struct verdict_buffers v = verdict_buffers_of(a, &refused);
+    struct block_state s = block_state_of(requests, requests * drafted, &refused);
+    if (!refused) refused = draw_for_verdicts(a, &v);
+    if (!refused) {
+        start_blocks(a, &v, &s);
+        refused = judge_blocks(a, &v, &s);
+    }
+    for (int64_t b = 0; b < requests && !refused; b++) {
+        a->first[b] = s.tau[b];
+        for (int64_t j = 0, at = b * drafted; j < drafted; j++, at++)
+            a->recovered[at] = j < s.tau[b] ? v.draft[at] : v.drawn[at];
+    }
+    free_verdict_buffers(&v);
+    free_block_state(&s);
     return refused;
 }
 

@@ -119,8 +119,8 @@ def block_verdict(
     holds the longest kept prefix tau, `recovered` at tau the draw from max(0, P_tau p~ - q) (the other
     rules of sampled_verdict for q(d) == 0, padding and an empty residual)."""
     positions = draft.shape[1]
-    if not positions:  # K = 0: the bonus alone
-        return torch.zeros_like(draft, dtype=torch.bool), draft
+    if not positions:  # K = 0: no prefix to judge (and none to take the longest of)
+        return sampled_verdict(ops, draft, target_weights, target_sums, draft_probs, accept_uniforms, residual_uniforms)
     target_mass = total_weight(target_sums)[:, :positions]
     at_draft = target_weights[:, :positions].gather(-1, _draft_column(draft))[..., 0]
     p_draft, q_draft, mode = draft_probabilities(draft, at_draft, target_mass, draft_probs)

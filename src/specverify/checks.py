@@ -57,14 +57,14 @@ def check_logits_3d(target_logits: object, batch: int, count: int, positions: st
     """target_logits as [B, P+1, V] (a view), from [B*(P+1), V] or [B, P+1, V], where P = count is K draft
     positions for a chain, N nodes for a tree (`positions` names it in messages)."""
     check_tensor("target_logits", target_logits, FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor")
-    shape = list(target_logits.shape)
-    if target_logits.dim() == 2 and shape[0] == batch * (count + 1) and shape[1] >= 1:
+    shape = target_logits.shape
+    if len(shape) == 2 and shape[0] == batch * (count + 1) and shape[1] >= 1:
         return target_logits.view(batch, count + 1, shape[1])
-    if target_logits.dim() == 3 and shape[:2] == [batch, count + 1] and shape[2] >= 1:
+    if len(shape) == 3 and shape[0] == batch and shape[1] == count + 1 and shape[2] >= 1:
         return target_logits
     raise ValueError(
         f"target_logits must have shape [B*({positions}+1), V] = [{batch * (count + 1)}, V] or "
-        f"[B, {positions}+1, V] = [{batch}, {count + 1}, V] with V >= 1 (got {shape})"
+        f"[B, {positions}+1, V] = [{batch}, {count + 1}, V] with V >= 1 (got {list(shape)})"
     )
 
 
@@ -335,6 +335,8 @@ def check_row_param(
     kind = "an int" if integer else "a float"
     if isinstance(value, torch.Tensor):
         given = value.dtype
+        if given is dtype and value.shape == (rows,) and value.device == device:
+            return value  # (the common form: [rows], of its dtype, on the device)
         if given.is_floating_point == integer or given == torch.bool:  # (bool: not floating, not an int)
             raise TypeError(f"{name} must be {kind} tensor of shape {layout} (got dtype {given})")
         if value.dim() == 0:
@@ -358,9 +360,11 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
             raise TypeError(f"seed must be an int or an integer tensor (got dtype {seed.dtype})")
         check_device("seed", seed, device, "the logits")
         seed = seed if seed.dtype == torch.int64 else seed.to(torch.int64)
-        if seed.dim() == 0 or tuple(seed.shape) == (1,):
-            return seed.view(()), True  # (one element: always a view)
-        if tuple(seed.shape) != (rows,):
+        if seed.dim() == 0:
+            return seed, True
+        if seed.shape == (1,):
+            return seed.squeeze(0), True  # (a view; cheaper than view(()))
+        if seed.shape != (rows,):
             raise ValueError(
                 f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "
                 f"(got shape {list(seed.shape)})"

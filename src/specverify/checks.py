@@ -146,10 +146,10 @@ HOST_ROWS = 256
 def host_values(*params: torch.Tensor | None) -> tuple[list | None, ...] | None:
     """The given per-row tensors [B] as Python lists (None stays None), where the value checks read them to
     the host (CPU tensors, B <= HOST_ROWS); None otherwise."""
-    present = [p for p in params if p is not None]
-    if any(not p.is_cpu or p.shape[0] > HOST_ROWS for p in present):
-        return None
-    return tuple(None if p is None else p.tolist() for p in params)
+    for p in params:  # (loops, not generators: this runs on every checking call)
+        if p is not None and (not p.is_cpu or p.shape[0] > HOST_ROWS):
+            return None
+    return tuple([None if p is None else p.tolist() for p in params])
 
 
 def check_sampling_values(
@@ -303,11 +303,13 @@ def check_draft_probs(
     name of the middle dim in messages.
 
     Two reductions find whether anything is wrong (a sum is finite and a minimum >= 0 only if every entry
-    is finite and >= 0); only then is the offending entry located."""
+    is finite and >= 0), judged on the host where they are few (_pairs_read); only then is the offending
+    entry located."""
     # float32 sums, in cascades (~1e-7): far inside 1e-3, and 20x faster than a float64 accumulator
     total = draft_probs.sum(-1, dtype=torch.float64 if draft_probs.dtype == torch.float64 else torch.float32).double()
     lowest = draft_probs.amin(-1) if draft_probs.shape[-1] else total
-    if bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any()):
+    pairs = _pairs_read(total, lowest, in_use)
+    if _some_not_finite_or_negative(total, lowest, in_use, pairs):
         for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
             bad = _in_use(bad, in_use)
             if bool(bad.any()):
@@ -315,13 +317,50 @@ def check_draft_probs(
                 raise ValueError(
                     f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
                 )
-    abnormal = _in_use(~(((total - 1).abs() <= 1e-3) | (total == 0)), in_use)
+    if pairs is not None and not any(_sum_off(total) for total, _ in pairs):
+        return
+    abnormal = _in_use(_sum_off(total), in_use)
     if bool(abnormal.any()):
         row, position = (int(i) for i in abnormal.nonzero()[0])
         raise ValueError(
             f"{name} rows must sum to 1 (within 1e-3) or be all zero "
             f"(got a sum of {total[row, position].item():.6g} at row {row}, {second} {position})"
         )
+
+
+#: Up to this many (row, position) pairs on the CPU, draft_probs' sums and minima are read to the host and
+#: judged there: two reads where the rules on tensors cost a dozen torch ops.
+HOST_PAIRS = 4096
+
+
+def _pairs_read(
+    total: torch.Tensor, lowest: torch.Tensor, in_use: torch.Tensor | None
+) -> list[tuple[float, float]] | None:
+    """(sum, minimum) of each (row, position) pair in use, read to the host; None where the pairs are not
+    few CPU tensors. total: float64 [B, K]; lowest: [B, K]; in_use: bool [B, K] or None (every pair)."""
+    if not total.is_cpu or total.numel() > HOST_PAIRS:
+        return None
+    sums, minima = total.reshape(-1).tolist(), lowest.reshape(-1).tolist()
+    used = [True] * len(sums) if in_use is None else in_use.reshape(-1).tolist()
+    return [(s, m) for s, m, use in zip(sums, minima, used) if use]
+
+
+def _some_not_finite_or_negative(
+    total: torch.Tensor, lowest: torch.Tensor, in_use: torch.Tensor | None, pairs: list | None
+) -> bool:
+    """Whether a pair in use has a sum that is not finite or a minimum below 0: on the pairs read to the
+    host (_pairs_read), else by torch ops."""
+    if pairs is not None:
+        return any(not math.isfinite(s) or m < 0 for s, m in pairs)
+    return bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any())
+
+
+def _sum_off(total: torch.Tensor | float) -> torch.Tensor | bool:
+    """Where a sum is neither 1 (within 1e-3) nor 0: on a float64 tensor, or on one sum as a Python float
+    (the same float64 arithmetic)."""
+    if isinstance(total, torch.Tensor):
+        return ~(((total - 1).abs() <= 1e-3) | (total == 0))
+    return not (abs(total - 1) <= 1e-3 or total == 0)
 
 
 def check_row_param(
@@ -363,7 +402,7 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
         if seed.dim() == 0:
             return seed, True
         if seed.shape == (1,):
-            return seed.squeeze(0), True  # (a view; cheaper than view(()))
+            return seed.squeeze(), True  # (a view: squeeze() costs less than view(()) or squeeze(0))
         if seed.shape != (rows,):
             raise ValueError(
                 f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "

@@ -43,7 +43,7 @@ def check_shape(name: str, value: torch.Tensor, shape: Sequence[int], layout: st
 def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.device, anchor: str) -> None:
     """Every given tensor must live on `device` (the device of the argument `anchor`)."""
     for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.device != device:
             check_device(name, tensor, device, anchor)
 
 
@@ -392,17 +392,16 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
     """The seed and whether it is shared by the batch.
 
     seed: int in [-2**63, 2**64) (uint64 semantics), a 0-d or [1] integer tensor (shared), or a [rows]
-    integer tensor (one key per request). Returns (the int, or int64 [] if shared else int64 [rows], shared).
+    integer tensor (one key per request). Returns (the int, or int64 [] or [1] if shared else int64 [rows],
+    shared).
     """
     if isinstance(seed, torch.Tensor):
         if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
             raise TypeError(f"seed must be an int or an integer tensor (got dtype {seed.dtype})")
         check_device("seed", seed, device, "the logits")
         seed = seed if seed.dtype == torch.int64 else seed.to(torch.int64)
-        if seed.dim() == 0:
-            return seed, True
-        if seed.shape == (1,):
-            return seed.squeeze(), True  # (a view: squeeze() costs less than view(()) or squeeze(0))
+        if seed.dim() == 0 or seed.shape == (1,):
+            return seed, True  # (as it is: a view to [] would cost more than the rest of the check)
         if seed.shape != (rows,):
             raise ValueError(
                 f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "

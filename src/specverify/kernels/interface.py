@@ -130,7 +130,7 @@ class ChainCall(NamedTuple):
     top_k: torch.Tensor  # int [B], <= 0: no limit
     top_p: torch.Tensor  # float [B]
     min_p: torch.Tensor | None  # float [B]
-    seed: int | torch.Tensor  # an int or int64 [] shared (row b keyed s + b * ROW_STRIDE), or int64 [B]
+    seed: int | torch.Tensor  # an int or int64 [] or [1] shared (row b keyed s + b * ROW_STRIDE), or int64 [B]
     shared_seed: bool
     relaxed: Relaxed | None
     draft_probs: torch.Tensor | None  # float [B, K, V], q of sampled drafts; None: argmax drafts

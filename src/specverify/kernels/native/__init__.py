@@ -336,7 +336,7 @@ KEPT_CAPACITY = 1024
 def _set_keys(keys: arguments.RequestKeys, seeds: int | torch.Tensor, shared: bool, start: int) -> None:
     """Fill kernels.c's request_keys (`keys`, a field of an entry point's struct: filled in place, where a
     struct built apart and copied in costs twice as much) for the requests from `start` on: seeds int64 [B],
-    one per request, or (shared) one seed for the batch, an int or int64 [] (request b: s + b * ROW_STRIDE,
+    one per request, or (shared) one seed for the batch, an int or int64 [] or [1] (request b: s + b * ROW_STRIDE,
     mod 2**64)."""
     if not shared:
         keys.seeds, keys.seeds_step = row_address(seeds, start, 1), 1
@@ -508,7 +508,7 @@ def draw_verdicts(
     """The argmax-mode verdicts of a chain call in one kernel call (kernels.c's draw_rows with proposed):
     the keyed target draw y of every row of logits [B, K + 1, V] as draw_rows makes it, request b
     accepting its drafts while they equal y. draft_tokens: int [B, K] as given (an id outside [0, V) and
-    everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] for the
+    everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] or [1] for the
     batch -> (first rejected index int64 [B], recovered int64 [B, K] (y at every drafted position), bonus
     int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, as views of the tokens [B, K + 1]."""
     requests, drafted = draft_tokens.shape

@@ -317,11 +317,8 @@ def check_draft_probs(
                 raise ValueError(
                     f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
                 )
-    if pairs is not None and not any(_sum_off(total) for total, _ in pairs):
-        return
-    abnormal = _in_use(_sum_off(total), in_use)
-    if bool(abnormal.any()):
-        row, position = (int(i) for i in abnormal.nonzero()[0])
+    if _some_sum_off(total, in_use, pairs):
+        row, position = (int(i) for i in _in_use(_sum_off(total), in_use).nonzero()[0])
         raise ValueError(
             f"{name} rows must sum to 1 (within 1e-3) or be all zero "
             f"(got a sum of {total[row, position].item():.6g} at row {row}, {second} {position})"
@@ -329,8 +326,9 @@ def check_draft_probs(
 
 
 #: Up to this many (row, position) pairs on the CPU, draft_probs' sums and minima are read to the host and
-#: judged there: two reads where the rules on tensors cost a dozen torch ops.
-HOST_PAIRS = 4096
+#: judged there: two reads where the rules on tensors cost a dozen torch ops (about 35 us; a pair judged in
+#: Python about 0.5 us, so the two break even near 64 pairs).
+HOST_PAIRS = 32
 
 
 def _pairs_read(
@@ -353,6 +351,14 @@ def _some_not_finite_or_negative(
     if pairs is not None:
         return any(not math.isfinite(s) or m < 0 for s, m in pairs)
     return bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any())
+
+
+def _some_sum_off(total: torch.Tensor, in_use: torch.Tensor | None, pairs: list | None) -> bool:
+    """Whether a pair in use has a sum neither 1 (within 1e-3) nor 0: on the pairs read to the host, else by
+    torch ops."""
+    if pairs is not None:
+        return any(_sum_off(s) for s, _ in pairs)
+    return bool(_in_use(_sum_off(total), in_use).any())
 
 
 def _sum_off(total: torch.Tensor | float) -> torch.Tensor | bool:

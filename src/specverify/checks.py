@@ -43,7 +43,7 @@ def check_shape(name: str, value: torch.Tensor, shape: Sequence[int], layout: st
 def check_same_device(tensors: dict[str, torch.Tensor | None], device: torch.device, anchor: str) -> None:
     """Every given tensor must live on `device` (the device of the argument `anchor`)."""
     for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.device != device:
             check_device(name, tensor, device, anchor)
 
 
@@ -57,14 +57,14 @@ def check_logits_3d(target_logits: object, batch: int, count: int, positions: st
     """target_logits as [B, P+1, V] (a view), from [B*(P+1), V] or [B, P+1, V], where P = count is K draft
     positions for a chain, N nodes for a tree (`positions` names it in messages)."""
     check_tensor("target_logits", target_logits, FLOAT_DTYPES, "a float32, float16 or bfloat16 tensor")
-    shape = list(target_logits.shape)
-    if target_logits.dim() == 2 and shape[0] == batch * (count + 1) and shape[1] >= 1:
+    shape = target_logits.shape
+    if len(shape) == 2 and shape[0] == batch * (count + 1) and shape[1] >= 1:
         return target_logits.view(batch, count + 1, shape[1])
-    if target_logits.dim() == 3 and shape[:2] == [batch, count + 1] and shape[2] >= 1:
+    if len(shape) == 3 and shape[0] == batch and shape[1] == count + 1 and shape[2] >= 1:
         return target_logits
     raise ValueError(
         f"target_logits must have shape [B*({positions}+1), V] = [{batch * (count + 1)}, V] or "
-        f"[B, {positions}+1, V] = [{batch}, {count + 1}, V] with V >= 1 (got {shape})"
+        f"[B, {positions}+1, V] = [{batch}, {count + 1}, V] with V >= 1 (got {list(shape)})"
     )
 
 
@@ -146,10 +146,10 @@ HOST_ROWS = 256
 def host_values(*params: torch.Tensor | None) -> tuple[list | None, ...] | None:
     """The given per-row tensors [B] as Python lists (None stays None), where the value checks read them to
     the host (CPU tensors, B <= HOST_ROWS); None otherwise."""
-    present = [p for p in params if p is not None]
-    if any(not p.is_cpu or p.shape[0] > HOST_ROWS for p in present):
-        return None
-    return tuple(None if p is None else p.tolist() for p in params)
+    for p in params:  # (loops, not generators: this runs on every checking call)
+        if p is not None and (not p.is_cpu or p.shape[0] > HOST_ROWS):
+            return None
+    return tuple([None if p is None else p.tolist() for p in params])
 
 
 def check_sampling_values(
@@ -303,11 +303,13 @@ def check_draft_probs(
     name of the middle dim in messages.
 
     Two reductions find whether anything is wrong (a sum is finite and a minimum >= 0 only if every entry
-    is finite and >= 0); only then is the offending entry located."""
+    is finite and >= 0), judged on the host where they are few (_pairs_read); only then is the offending
+    entry located."""
     # float32 sums, in cascades (~1e-7): far inside 1e-3, and 20x faster than a float64 accumulator
     total = draft_probs.sum(-1, dtype=torch.float64 if draft_probs.dtype == torch.float64 else torch.float32).double()
     lowest = draft_probs.amin(-1) if draft_probs.shape[-1] else total
-    if bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any()):
+    pairs = _pairs_read(total, lowest, in_use)
+    if _some_not_finite_or_negative(total, lowest, in_use, pairs):
         for bad, rule in ((~torch.isfinite(draft_probs), "finite"), (draft_probs < 0, ">= 0")):
             bad = _in_use(bad, in_use)
             if bool(bad.any()):
@@ -315,13 +317,56 @@ def check_draft_probs(
                 raise ValueError(
                     f"{name} must be {rule} (got {draft_probs[tuple(index)].item()} at {_where(index, second)})"
                 )
-    abnormal = _in_use(~(((total - 1).abs() <= 1e-3) | (total == 0)), in_use)
-    if bool(abnormal.any()):
-        row, position = (int(i) for i in abnormal.nonzero()[0])
+    if _some_sum_off(total, in_use, pairs):
+        row, position = (int(i) for i in _in_use(_sum_off(total), in_use).nonzero()[0])
         raise ValueError(
             f"{name} rows must sum to 1 (within 1e-3) or be all zero "
             f"(got a sum of {total[row, position].item():.6g} at row {row}, {second} {position})"
         )
+
+
+#: Up to this many (row, position) pairs on the CPU, draft_probs' sums and minima are read to the host and
+#: judged there: two reads where the rules on tensors cost a dozen torch ops (about 35 us; a pair judged in
+#: Python about 0.5 us, so the two break even near 64 pairs).
+HOST_PAIRS = 32
+
+
+def _pairs_read(
+    total: torch.Tensor, lowest: torch.Tensor, in_use: torch.Tensor | None
+) -> list[tuple[float, float]] | None:
+    """(sum, minimum) of each (row, position) pair in use, read to the host; None where the pairs are not
+    few CPU tensors. total: float64 [B, K]; lowest: [B, K]; in_use: bool [B, K] or None (every pair)."""
+    if not total.is_cpu or total.numel() > HOST_PAIRS:
+        return None
+    sums, minima = total.reshape(-1).tolist(), lowest.reshape(-1).tolist()
+    used = [True] * len(sums) if in_use is None else in_use.reshape(-1).tolist()
+    return [(s, m) for s, m, use in zip(sums, minima, used) if use]
+
+
+def _some_not_finite_or_negative(
+    total: torch.Tensor, lowest: torch.Tensor, in_use: torch.Tensor | None, pairs: list | None
+) -> bool:
+    """Whether a pair in use has a sum that is not finite or a minimum below 0: on the pairs read to the
+    host (_pairs_read), else by torch ops."""
+    if pairs is not None:
+        return any(not math.isfinite(s) or m < 0 for s, m in pairs)
+    return bool(_in_use(~torch.isfinite(total) | (lowest < 0), in_use).any())
+
+
+def _some_sum_off(total: torch.Tensor, in_use: torch.Tensor | None, pairs: list | None) -> bool:
+    """Whether a pair in use has a sum neither 1 (within 1e-3) nor 0: on the pairs read to the host, else by
+    torch ops."""
+    if pairs is not None:
+        return any(_sum_off(s) for s, _ in pairs)
+    return bool(_in_use(_sum_off(total), in_use).any())
+
+
+def _sum_off(total: torch.Tensor | float) -> torch.Tensor | bool:
+    """Where a sum is neither 1 (within 1e-3) nor 0: on a float64 tensor, or on one sum as a Python float
+    (the same float64 arithmetic)."""
+    if isinstance(total, torch.Tensor):
+        return ~(((total - 1).abs() <= 1e-3) | (total == 0))
+    return not (abs(total - 1) <= 1e-3 or total == 0)
 
 
 def check_row_param(
@@ -335,6 +380,8 @@ def check_row_param(
     kind = "an int" if integer else "a float"
     if isinstance(value, torch.Tensor):
         given = value.dtype
+        if given is dtype and value.shape == (rows,) and value.device == device:
+            return value  # (the common form: [rows], of its dtype, on the device)
         if given.is_floating_point == integer or given == torch.bool:  # (bool: not floating, not an int)
             raise TypeError(f"{name} must be {kind} tensor of shape {layout} (got dtype {given})")
         if value.dim() == 0:
@@ -351,16 +398,17 @@ def check_seed(seed: object, rows: int, device: torch.device, layout: str = "[B]
     """The seed and whether it is shared by the batch.
 
     seed: int in [-2**63, 2**64) (uint64 semantics), a 0-d or [1] integer tensor (shared), or a [rows]
-    integer tensor (one key per request). Returns (the int, or int64 [] if shared else int64 [rows], shared).
+    integer tensor (one key per request). Returns (the int, or int64 [] or [1] if shared else int64 [rows],
+    shared).
     """
     if isinstance(seed, torch.Tensor):
         if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
             raise TypeError(f"seed must be an int or an integer tensor (got dtype {seed.dtype})")
         check_device("seed", seed, device, "the logits")
         seed = seed if seed.dtype == torch.int64 else seed.to(torch.int64)
-        if seed.dim() == 0 or tuple(seed.shape) == (1,):
-            return seed.view(()), True  # (one element: always a view)
-        if tuple(seed.shape) != (rows,):
+        if seed.dim() == 0 or seed.shape == (1,):
+            return seed, True  # (as it is: a view to [] would cost more than the rest of the check)
+        if seed.shape != (rows,):
             raise ValueError(
                 f"seed must be an int, a 0-d or [1] tensor, or a tensor of shape {layout} = [{rows}] "
                 f"(got shape {list(seed.shape)})"

@@ -117,7 +117,7 @@ def keyed_uniform_read(keys: torch.Tensor, stream: int) -> torch.Tensor:
 
 def row_seeds_read(seed: int | torch.Tensor, shared: bool, rows: int) -> list[int]:
     """per_row_seeds read to the host: each row's seed s_b as an int (its int64 bit pattern). seed: an int or
-    int64 [] (shared) or int64 [rows]."""
+    int64 [] or [1] (shared) or int64 [rows]."""
     if not shared:
         return seed.tolist()
     first = as_int64_bits(seed if isinstance(seed, int) else int(seed))
@@ -188,7 +188,7 @@ def row_keys(seed: torch.Tensor, num_positions: int) -> torch.Tensor:
 def spread_shared_seed(seed: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Per-row seeds for one seed shared by the batch: `s + b * ROW_STRIDE` (mod 2**64).
 
-    seed: int64 [] -> int64 [B] on the same device (no host read).
+    seed: int64 [] or [1] -> int64 [B] on the same device (no host read).
     """
     rows = torch.arange(batch_size, dtype=torch.int64, device=seed.device)
     return seed + rows * as_int64_bits(ROW_STRIDE)
@@ -205,6 +205,7 @@ def seed_tensor(seed: int | torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def per_row_seeds(seed: int | torch.Tensor, shared: bool, rows: int, device: torch.device) -> torch.Tensor:
-    """Each row's seed s_b as int64 [rows]: a shared seed (int or int64 []) is spread by row (SPEC §4)."""
+    """Each row's seed s_b as int64 [rows]: a shared seed (int, or int64 [] or [1]) is spread by row
+    (SPEC §4)."""
     seed = seed_tensor(seed, device)
     return spread_shared_seed(seed, rows) if shared else seed

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import specverify as sv
+from specverify import checks
 from tests.support.invariants import forbid_host_reads
 
 B, K, V = 4, 3, 40  # V is not a multiple of 32: the bitmask has a partial last word
@@ -557,7 +558,15 @@ def test_draft_probs_full_with_argmax():
     )
 
 
-def test_draft_probs_full_negative():
+@pytest.fixture(params=["on the host", "by torch ops"])
+def probs_judged(request, monkeypatch):
+    """draft_probs_full's sums and minima judged on the host (B * K pairs are few here) and by torch ops
+    (checks.HOST_PAIRS 0): the same errors either way."""
+    if request.param == "by torch ops":
+        monkeypatch.setattr(checks, "HOST_PAIRS", 0)
+
+
+def test_draft_probs_full_negative(probs_judged):
     probs = draft_probs()
     probs[1, 2, 3] -= 0.5
     probs[1, 2, 4] += 0.5  # the row still sums to 1: only the sign is wrong
@@ -573,13 +582,13 @@ def test_draft_probs_full_negative():
 
 
 @pytest.mark.parametrize("bad, shown", [(float("nan"), "nan"), (float("inf"), "inf")])
-def test_draft_probs_full_not_finite(bad, shown):
+def test_draft_probs_full_not_finite(bad, shown, probs_judged):
     probs = with_value(draft_probs(), (2, 0, 7), bad)
     expect(ValueError, rf"draft_probs_full must be finite \(got {shown}", sampled_args(draft_probs_full=probs))
 
 
 @pytest.mark.parametrize("scale, shown", [(1.1, "1.1"), (0.9, "0.9"), (0.5, "0.5")])
-def test_draft_probs_full_rows_not_summing_to_one(scale, shown):
+def test_draft_probs_full_rows_not_summing_to_one(scale, shown, probs_judged):
     probs = draft_probs()
     probs[3, 1] *= scale
     expect(
@@ -589,7 +598,7 @@ def test_draft_probs_full_rows_not_summing_to_one(scale, shown):
     )
 
 
-def test_draft_probs_full_all_zero_rows_and_small_errors_are_allowed():
+def test_draft_probs_full_all_zero_rows_and_small_errors_are_allowed(probs_judged):
     probs = draft_probs()
     probs[0, 1] = 0.0
     probs[2] = 0.0

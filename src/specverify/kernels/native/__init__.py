@@ -333,15 +333,19 @@ def sample_rows(weights: torch.Tensor, sums: torch.Tensor, block: int, uniforms:
 KEPT_CAPACITY = 1024
 
 
-def _keys(seeds: int | torch.Tensor, shared: bool, start: int) -> arguments.RequestKeys:
-    """kernels.c's request_keys for the requests from `start` on: seeds int64 [B], one per request, or
-    (shared) one seed for the batch, an int or int64 [] (request b: s + b * ROW_STRIDE, mod 2**64)."""
+def _set_keys(keys: arguments.RequestKeys, seeds: int | torch.Tensor, shared: bool, start: int) -> None:
+    """Fill kernels.c's request_keys (`keys`, a field of an entry point's struct: filled in place, where a
+    struct built apart and copied in costs twice as much) for the requests from `start` on: seeds int64 [B],
+    one per request, or (shared) one seed for the batch, an int or int64 [] or [1] (request b: s + b * ROW_STRIDE,
+    mod 2**64)."""
     if not shared:
-        return arguments.RequestKeys(seeds=row_address(seeds, start, 1), seeds_step=1)
+        keys.seeds, keys.seeds_step = row_address(seeds, start, 1), 1
+        return
     offset = start * ROW_STRIDE
     if isinstance(seeds, int):
-        return arguments.RequestKeys(None, 0, (seeds + offset) & MASK64, ROW_STRIDE)
-    return arguments.RequestKeys(seeds.data_ptr(), 0, offset & MASK64, ROW_STRIDE)
+        keys.offset, keys.row_stride = (seeds + offset) & MASK64, ROW_STRIDE
+        return
+    keys.seeds, keys.offset, keys.row_stride = seeds.data_ptr(), offset & MASK64, ROW_STRIDE
 
 
 def _readable_params(params: tuple) -> tuple:
@@ -357,42 +361,42 @@ def _readable_seed(seed: int | torch.Tensor) -> int | torch.Tensor:
     return _as(seed, torch.int64) if isinstance(seed, torch.Tensor) else seed
 
 
-def _chain_rows(
-    logits: torch.Tensor, dtype: int, per_position: int, params: tuple, block: int, start: int, stop: int
-) -> arguments.ChainRows:
-    """kernels.c's chain_rows for requests [start, stop): their logits rows [.., V] (per_position a request)
-    of dtype code `dtype`, the readable params (_readable_params) and the block."""
+def _set_chain_rows(
+    rows: arguments.ChainRows,
+    logits: torch.Tensor,
+    dtype: int,
+    per_position: int,
+    params: tuple,
+    block: int,
+    start: int,
+    stop: int,
+) -> None:
+    """Fill kernels.c's chain_rows (`rows`, a field of an entry point's struct, in place as _set_keys) for
+    requests [start, stop): their logits rows [.., V] (per_position a request) of dtype code `dtype`, the
+    readable params (_readable_params) and the block."""
     vocab = logits.shape[-1]
     temperature, greedy_below, top_k, top_p, min_p, rtol = params
-    return arguments.ChainRows(
-        logits=row_address(logits, start, per_position * vocab),
-        temperature=row_address(temperature, start, 1),
-        top_k=row_address(top_k, start, 1),
-        top_p=row_address(top_p, start, 1),
-        min_p=row_address(min_p, start, 1),
-        dtype=dtype,
-        requests=stop - start,
-        per_position=per_position,
-        n=vocab,
-        block=block,
-        rtol=rtol,
-        greedy_below=greedy_below,
-    )
+    rows.logits = row_address(logits, start, per_position * vocab)
+    rows.temperature = row_address(temperature, start, 1)
+    rows.top_k = row_address(top_k, start, 1)
+    rows.top_p = row_address(top_p, start, 1)
+    rows.min_p = row_address(min_p, start, 1)
+    rows.dtype, rows.requests, rows.per_position, rows.n = dtype, stop - start, per_position, vocab
+    rows.block, rows.rtol, rows.greedy_below = block, rtol, greedy_below
 
 
-def _kept_rows(kept: tuple | None, blocks: int, vocab: int, row: int) -> arguments.KeptRows:
-    """kernels.c's kept_rows from row `row` on: kept (count, ids, weights, dense, block sums) or None."""
+def _set_kept_rows(into: arguments.KeptRows, kept: tuple | None, blocks: int, vocab: int, row: int) -> None:
+    """Fill kernels.c's kept_rows (`into`, a field of an entry point's struct, in place as _set_keys) from
+    row `row` on: kept (count, ids, weights, dense, block sums), or None (only the capacity)."""
+    into.capacity = KEPT_CAPACITY
     if kept is None:
-        return arguments.KeptRows(capacity=KEPT_CAPACITY)
+        return
     count, ids, weights, dense, sums = kept
-    return arguments.KeptRows(
-        count=row_address(count, row, 1),
-        ids=row_address(ids, row, KEPT_CAPACITY),
-        weights=row_address(weights, row, KEPT_CAPACITY),
-        dense=row_address(dense, row, vocab),
-        block_sums=row_address(sums, row, blocks),
-        capacity=KEPT_CAPACITY,
-    )
+    into.count = row_address(count, row, 1)
+    into.ids = row_address(ids, row, KEPT_CAPACITY)
+    into.weights = row_address(weights, row, KEPT_CAPACITY)
+    into.dense = row_address(dense, row, vocab)
+    into.block_sums = row_address(sums, row, blocks)
 
 
 def _draw(
@@ -409,7 +413,7 @@ def _draw(
 ) -> tuple:
     """kernels.c's draw_rows over logits [R, V] or [B, per_position, V] (R = B * per_position). params:
     (temperature, greedy_below, top_k, top_p, min_p, rtol), per request [B] where tensors; keys: (seeds,
-    shared, salt) as _keys takes them and the stream's salt; tokens: contiguous int64 of R elements,
+    shared, salt) as _set_keys takes them and the stream's salt; tokens: contiguous int64 of R elements,
     written with the draws (in the shape the caller returns); proposed: the drafts as given, int [B, per_position - 1] (argmax-mode
     verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> (first int64 [B] or None, the
     sampled mode's outputs or None)."""
@@ -437,8 +441,6 @@ def _draw(
 
     def run(a: int, b: int) -> None:
         struct = arguments.DrawArgs(
-            rows=_chain_rows(logits, dtype, per_position, params, block, a, b),
-            keys=_keys(seeds, shared, a),
             salt=salt,
             tokens=row_address(tokens, a, per_position),
             proposed=row_address(proposed, a, drafted),
@@ -447,8 +449,10 @@ def _draw(
             accept_salt=accept_salt,
             at_draft=row_address(at_draft, a, drafted),
             accept_uniforms=row_address(accept, a, drafted),
-            kept=_kept_rows(kept, blocks, vocab, a * per_position),
         )
+        _set_chain_rows(struct.rows, logits, dtype, per_position, params, block, a, b)
+        _set_keys(struct.keys, seeds, shared, a)
+        _set_kept_rows(struct.kept, kept, blocks, vocab, a * per_position)
         _run(kernel, "draw_rows", struct)
 
     _split_rows(requests, run)
@@ -504,14 +508,16 @@ def draw_verdicts(
     """The argmax-mode verdicts of a chain call in one kernel call (kernels.c's draw_rows with proposed):
     the keyed target draw y of every row of logits [B, K + 1, V] as draw_rows makes it, request b
     accepting its drafts while they equal y. draft_tokens: int [B, K] as given (an id outside [0, V) and
-    everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] for the
+    everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] or [1] for the
     batch -> (first rejected index int64 [B], recovered int64 [B, K] (y at every drafted position), bonus
     int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, as views of the tokens [B, K + 1]."""
     requests, drafted = draft_tokens.shape
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
     tokens = torch.empty(requests, drafted + 1, dtype=torch.int64)
+    # split before the kernel fills it (views need no data): a torch op right after a pass over the logits
+    # costs about 1 us more (its code evicted); one op where two slices cost two
+    recovered, bonus = tokens.tensor_split((drafted,), 1)
     first, _ = _draw(logits, drafted + 1, params, block, (seed, shared, salt), tokens, draft_tokens)
-    recovered, bonus = tokens.tensor_split((drafted,), 1)  # (one op where two slices cost two)
     return first, recovered, bonus
 
 
@@ -547,6 +553,7 @@ def draw_sampled_verdicts(
     seed = _readable_seed(seed)
     proposed = _as(draft_tokens, torch.int64)
     tokens = torch.empty(requests, per_position, dtype=torch.int64)
+    bonus = tokens[:, drafted:]  # (before the kernel, as in draw_verdicts)
     recovered = torch.empty(requests, drafted, dtype=torch.int64)
     first = torch.empty(requests, dtype=torch.int64)
     name = "draw_block_verdicts" if by_block else "draw_sampled_verdicts"
@@ -554,8 +561,6 @@ def draw_sampled_verdicts(
 
     def run(a: int, b: int) -> None:
         struct = arguments.SampledVerdictArgs(
-            rows=_chain_rows(logits, dtype, per_position, params, block, a, b),
-            keys=_keys(seed, shared, a),
             salt=salts[0],
             accept_salt=salts[1],
             residual_salt=salts[2],
@@ -568,10 +573,12 @@ def draw_sampled_verdicts(
             draft_dtype=draft_dtype,
             capacity=KEPT_CAPACITY,
         )
+        _set_chain_rows(struct.rows, logits, dtype, per_position, params, block, a, b)
+        _set_keys(struct.keys, seed, shared, a)
         _run(kernel, name, struct)
 
     _split_rows(requests, run)
-    return first, recovered, tokens[:, drafted:]
+    return first, recovered, bonus
 
 
 def recover_kept_rows(
@@ -599,8 +606,6 @@ def recover_kept_rows(
 
     def run(a: int, b: int) -> None:
         struct = arguments.RecoverKeptArgs(
-            kept=_kept_rows((*kept, weight_sums), blocks, vocab, a * (positions + 1)),
-            keys=_keys(seeds, False, a),
             salt=salt,
             mass=row_address(mass, a, positions),
             draft_probs=row_address(draft_probs, a, positions * vocab),
@@ -613,6 +618,8 @@ def recover_kept_rows(
             n=vocab,
             block=block,
         )
+        _set_kept_rows(struct.kept, (*kept, weight_sums), blocks, vocab, a * (positions + 1))
+        _set_keys(struct.keys, seeds, False, a)
         _run(kernel, "recover_kept_rows", struct)
 
     _split_rows(requests, run)

@@ -247,4 +247,7 @@ ENTRY_POINTS = {
 
 def row_address(tensor: torch.Tensor | None, start: int, per_row: int) -> int | None:
     """The address of row `start` of a contiguous tensor of `per_row` elements a row (None for None)."""
-    return None if tensor is None else tensor.data_ptr() + start * per_row * tensor.element_size()
+    if tensor is None:
+        return None
+    address = tensor.data_ptr()
+    return address + start * per_row * tensor.element_size() if start else address  # (start 0: one slice)

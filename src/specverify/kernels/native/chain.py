@@ -36,19 +36,26 @@ def verify_tree(call: TreeCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def _fused_verdicts(call: ChainCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """argmax_verdict and greedy_verdict (draft_probs None), or sampled_verdict (block_verdict where
-    call.block) for every row, with the first rejection, in one kernel call: the keyed draws from p~ (a greedy row's argmax), the padding of drafts
-    that are not ids and the keys s_b + j applied inside it, the weights never written out but where
-    sampled mode keeps a large kept set for its recovery.
+    call.block) for every row, with the first rejection, in one kernel call: the keyed draws from p~ (a
+    greedy row's argmax), the padding of drafts that are not ids and the keys s_b + j applied inside it,
+    the weights never written out but where sampled mode keeps a large kept set for its recovery.
     Returns (first_rejected_idx int64 [B], recovered int64 [B, K], bonus int64 [B, 1])."""
     masked = chain.masked_logits(call)
-    params = (call.temperature, GREEDY_TEMPERATURE, call.top_k, call.top_p, call.min_p, BOUNDARY_RTOL)
-    params = (*params, block_size(masked.shape[-1]))
-    seed = (call.seed, call.shared_seed)
+    block = block_size(masked.shape[-1])
+    rules = (call.temperature, GREEDY_TEMPERATURE, call.top_k, call.top_p, call.min_p, BOUNDARY_RTOL, block)
     if call.draft_probs is None:
-        return native.draw_verdicts(masked, call.draft_tokens, *params, *seed, _CHAIN_SALTS[0])
+        return native.draw_verdicts(masked, call.draft_tokens, *rules, call.seed, call.shared_seed, _CHAIN_SALTS[0])
     dense = scratch_weights(masked.shape, masked.device)
     return native.draw_sampled_verdicts(
-        masked, call.draft_tokens, *params, *seed, _CHAIN_SALTS, call.draft_probs, dense, call.block
+        masked,
+        call.draft_tokens,
+        *rules,
+        call.seed,
+        call.shared_seed,
+        _CHAIN_SALTS,
+        call.draft_probs,
+        dense,
+        call.block,
     )
 
 

@@ -311,7 +311,7 @@ def verify_rows(
 
     draft: int [B, K] as given (ids outside [0, V) and all after them are padding); logits: float [B, K+1, V]
     (any float dtype); bitmask: int32 [B, K+1, ceil(V/32)] or None; temperature, top_k, top_p, min_p: [B];
-    seed: an int or int64 [] shared (row b uses s + b * contract.ROW_STRIDE; an int goes to the kernel as
+    seed: an int or int64 [] or [1] shared (row b uses s + b * contract.ROW_STRIDE; an int goes to the kernel as
     arguments, no device tensor made) or int64 [B]; thinking: bool [B] or None with
     relaxed_topk and relaxed_delta; draft_probs: float [B, K, V] for sampled drafts, else None; block: judge
     sampled drafts as a block (SPEC §3.6: a program holds whole requests, a power of two >= K + 1 lanes each).

@@ -661,13 +661,12 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
  * that a loop over it vectorises: Cody-Waite reduction y = n ln2 + r, a degree-7 polynomial for e^r
  * (Cephes' expf) and 2^n written into the exponent bits, in two steps below 2^-126 so that subnormal
  * results come out as torch's exp gives them. From -104 down (and NaN) the result is 0; y above 88 is
- * clamped there. */
-IN_CLONE float exp_nonpositive(float y) {
-    y = y > -104.0f ? y : -104.0f;
-    y = y < 88.0f ? y : 88.0f;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
-    const float shifted = y * 1.44269504088896341f + shifter;
-    const float n = shifted - shifter;
+ * clamped there. The reduction and the polynomial are exp_reduced's, shared with exp_normal. */
+#define EXP_SHIFTER 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
+
+/* e^r of the reduction y = n ln2 + r, where shifted = y / ln2 + EXP_SHIFTER holds n in its low bits. */
+IN_CLONE float exp_reduced(float y, float shifted) {
+    const float n = shifted - EXP_SHIFTER;
     const float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -675,11 +674,52 @@ IN_CLONE float exp_nonpositive(float y) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+IN_CLONE float exp_nonpositive(float y) {
+    y = y > -104.0f ? y : -104.0f;
+    y = y < 88.0f ? y : 88.0f;
+    const float shifted = y * 1.44269504088896341f + EXP_SHIFTER;
+    const float p = exp_reduced(y, shifted);
     /* 2^n below the normal floats: 2^(n + 64) times 2^-64; at -104, 2^-150 times e^r < 1 rounds to 0 */
     const int subnormal = y < -87.0f;
-    const uint32_t biased = bits_of(shifted) - bits_of(shifter) + (subnormal ? 191u : 127u);
+    const uint32_t biased = bits_of(shifted) - bits_of(EXP_SHIFTER) + (subnormal ? 191u : 127u);
     return p * float_of(biased << 23) * (subnormal ? 5.42101086e-20f : 1.0f);
+}
+
+/* exp_nonpositive(y) for y in [-87, 0], bit for bit (there the clamps and the subnormal step change
+ * nothing: a product with 1.0f is exact), in about two thirds of its operations. */
+IN_CLONE float exp_normal(float y) {
+    const float shifted = y * 1.44269504088896341f + EXP_SHIFTER;
+    const float p = exp_reduced(y, shifted);
+    return p * float_of((bits_of(shifted) - bits_of(EXP_SHIFTER) + 127u) << 23);
+}
+
+/* Values per step of the exp loops (exp_chunk). */
+#define EXP_CHUNK 64
+
+/* w[i] = exp_nonpositive((x[i] - top) * inverse) for the EXP_CHUNK values from x (w may be x), by
+ * exp_normal where every y of the chunk is in [-87, 0] (the common case), else by exp_nonpositive. A
+ * temperature of 1 (inverse 1) skips the product, which is exact. */
+IN_CLONE void exp_chunk(const float *x, float top, float inverse, float *w) {
+    int normal = 1;
+    if (inverse == 1.0f)
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = x[i] - top;
+    else
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = (x[i] - top) * inverse;
+    for (int i = 0; i < EXP_CHUNK; i++) normal &= w[i] >= -87.0f && w[i] <= 0.0f;
+    if (normal)
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = exp_normal(w[i]);
+    else
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = exp_nonpositive(w[i]);
+}
+
+/* row[i] = exp_nonpositive((x[i] - top) * inverse) for the row's n values (row may be x), by exp_chunk. */
+IN_CLONE void exp_row(const float *x, int64_t n, float top, float inverse, float *row) {
+    int64_t i = 0;
+    for (; i + EXP_CHUNK <= n; i += EXP_CHUNK) exp_chunk(x + i, top, inverse, row + i);
+    for (; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
 }
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
@@ -740,8 +780,7 @@ IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t 
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
     float top = row_max(x, n);
     top = isfinite(top) ? top : 0.0f;
-    const float inverse = 1.0f / temperature;
-    for (int64_t i = 0; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
+    exp_row(x, n, top, 1.0f / temperature, row);
     float threshold = row_threshold(row, n, k, top_p, rtol, scratch);
     if (min_p) {
         const float ratio = (float)((double)*min_p * (1.0 - rtol));
@@ -1177,6 +1216,24 @@ CLONES static int64_t weigh_kept(const float *x, const struct chain_rows *rules,
     return -1;
 }
 
+/* The sum of exp_nonpositive((x[i] - top) * inverse) over [start, end) as keep_at_least sums a block of
+ * weights: sixteen float lanes (the weights by exp_chunk), the tail in double, then the lanes. */
+IN_CLONE double exp_block_sum(const float *x, int64_t start, int64_t end, float top, float inverse) {
+    float lanes[16] = {0}, w[EXP_CHUNK];
+    int64_t i = start;
+    for (; i + EXP_CHUNK <= end; i += EXP_CHUNK) {
+        exp_chunk(x + i, top, inverse, w);
+        for (int v = 0; v < EXP_CHUNK; v += 16)
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += w[v + lane];
+    }
+    for (; i + 15 < end; i += 16)
+        for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive((x[i + lane] - top) * inverse);
+    double sum = 0.0;
+    for (; i < end; i++) sum += exp_nonpositive((x[i] - top) * inverse);
+    for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+    return sum;
+}
+
 /* The draw of an untruncated row (temperature only: no top-k, top-p or min-p; not greedy) without writing
  * its weights out: the block sums of w = exp((x - max) / T), as weigh_dense and keep_at_least make them,
  * in one pass over the logits, then the weights of the one block the draw lands in, written to row (x may
@@ -1189,16 +1246,8 @@ IN_CLONE int64_t draw_untruncated(const float *x, int64_t n, float temperature, 
     const int64_t blocks = (n + block - 1) / block;
     double total = 0.0;
     for (int64_t start = 0, b = 0; start < n; start += block, b++) {
-        const int64_t end = start + block < n ? start + block : n;
-        float lanes[16] = {0};
-        int64_t i = start;
-        for (; i + 15 < end; i += 16)
-            for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive((x[i + lane] - top) * inverse);
-        double sum = 0.0;
-        for (; i < end; i++) sum += exp_nonpositive((x[i] - top) * inverse);
-        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
-        sums[b] = sum;
-        total += sum;
+        sums[b] = exp_block_sum(x, start, start + block < n ? start + block : n, top, inverse);
+        total += sums[b];
     }
     double before;
     const int64_t chosen = choose_block(sums, blocks, uniform * total, &before);

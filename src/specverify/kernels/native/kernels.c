@@ -7,11 +7,14 @@
  * largest (its nucleus from those k sorted values); a larger top-k by radix selection (a counting
  * histogram over the row, then the chosen bucket's values gathered and resolved); the nucleus by a search
  * on the weights' bits, a few vectorised passes that each narrow a bracket around it to a fifth, then the
- * bracket's values gathered and resolved (nucleus_threshold). Sums run in double in a fixed lane order,
- * so results do not depend on threads, batch layout or the instruction set. Rows are independent: built
- * with OpenMP, a call spreads them over the calling thread's team; built without, the caller splits a
- * batch between threads (ctypes releases the GIL). Inputs may be float32, bfloat16 or float16, converted
- * exactly a row at a time.
+ * bracket's values gathered and resolved (nucleus_threshold). A row without top-k sifts for it instead
+ * (nucleus_sifted): fewer passes, the cuts placed where the weight crosses the target by interpolation,
+ * the result kept where sums with bounded error certify it is nucleus_threshold's, else nucleus_threshold
+ * decides. The exp runs 64 values at a time, without its clamps where they change nothing (exp_chunk).
+ * Sums run in double in a fixed lane order, so results do not depend on threads, batch layout or the
+ * instruction set. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
+ * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may be
+ * float32, bfloat16 or float16, converted exactly a row at a time.
  *
  * The verifier's chain calls go through draw_rows instead, which never writes the weights out: each row
  * is weighed (weigh_kept: a greedy row's argmax alone; a top-k row from its k largest raw logits, only the
@@ -389,15 +392,21 @@ IN_CLONE int64_t gather_between(const float *row, int64_t n, float low, float hi
  * `prefix`. Radix selection on the next 10 bits from bit `shift` down (shift 20, 10 or 0; for values in
  * [0, 1], bits 20-29 are the exponent's low 7 bits and 3 bits of mantissa), a level at a time: a histogram
  * summed in double, the bucket where the running weight reaches the target, its values kept (in place in
- * `values`). Where rounding leaves the target unreached at a level, the lowest bucket is kept. */
+ * `values`). Where rounding leaves the target unreached at a level, the lowest bucket is kept. Where
+ * `reached` is not NULL, the sums of the last level go there: reached[0] the running weight above the
+ * chosen bucket (`above` plus the buckets over it), reached[1] the chosen bucket's weight. */
 static float refine_threshold(float *values, int64_t count, int mass, double above, double target, uint32_t prefix,
-                              int shift) {
+                              int shift, double *reached) {
     double hist[1024];
     for (; shift >= 0; shift -= 10) {
         memset(hist, 0, sizeof hist);
         for (int64_t i = 0; i < count; i++) hist[(bits_of(values[i]) >> shift) & 1023u] += mass ? (double)values[i] : 1.0;
         int chosen = 1023;
         while (chosen > 0 && above + hist[chosen] < target) above += hist[chosen--];
+        if (reached) {
+            reached[0] = above;
+            reached[1] = hist[chosen];
+        }
         int64_t kept = 0;
         for (int64_t i = 0; i < count; i++) { /* (branch-free, in place: kept <= i) */
             values[kept] = values[i];
@@ -430,7 +439,7 @@ static float kth_largest(const float *row, int64_t n, int64_t k, float *scratch)
         chosen--;
     }
     const int64_t count = gather_between(row, n, float_of(chosen << 20), float_of((chosen + 1) << 20), scratch);
-    return refine_threshold(scratch, count, 0, (double)above, (double)k, chosen, 10);
+    return refine_threshold(scratch, count, 0, (double)above, (double)k, chosen, 10, NULL);
 }
 
 /* The weight of the row's values >= cut, summed in double in sixteen lanes (vectorised), the lanes then
@@ -528,8 +537,177 @@ IN_CLONE float nucleus_threshold(const float *row, int64_t n, float floor, doubl
     }
     const double above = weight_at_least(row, n, float_of(high));
     const int64_t count = gather_between(row, n, float_of(low), float_of(high), scratch);
-    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20);
+    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20, NULL);
     return threshold > float_of(low) ? threshold : float_of(low); /* (rounding left the target unreached) */
+}
+
+/* ---- The nucleus of a row without top-k, by sifting (nucleus_sifted): nucleus_threshold's threshold in
+ * fewer passes over the row, certified by sums whose error is bounded, else nucleus_threshold's own. ---- */
+
+/* Test hooks of the sifting search (tests/kernels/test_native_sift.py): whether rows sift (1, the default)
+ * or go to nucleus_threshold alone (0); how many sifted rows were not certified and took nucleus_threshold's
+ * threshold, read and reset. */
+static int64_t sifting = 1, sift_fallbacks = 0;
+
+void specverify_sift(int64_t on) {
+    sifting = on;
+}
+
+int64_t specverify_sift_fallbacks(void) {
+    return __atomic_exchange_n(&sift_fallbacks, 0, __ATOMIC_RELAXED);
+}
+
+/* Narrowing passes of a sifting search at most before its bracket is listed, however many values it holds. */
+#define SIFT_PASSES 8
+
+/* The bracket [low, high) of a sifting search on the weights' bits, with estimates of the weight at or
+ * above each end: weight_low >= target > weight_high, up to the estimates' errors (a cut within them of
+ * the target moves neither end); the row's weight and the target, top_p times it. */
+struct sift_bracket {
+    uint32_t low, high;
+    double weight_low, weight_high, total, target;
+};
+
+/* A search's first bracket: [(1 - top_p) * total / n, 1], a little wider (the values below weigh less
+ * than what the nucleus leaves out, so no threshold lies there). */
+static inline struct sift_bracket sift_start(int64_t n, double top_p, double total) {
+    const float lowest = (float)((1.0 - top_p) * total / (double)n * 0.999);
+    return (struct sift_bracket){.low = bits_of(lowest), .high = bits_of(1.0f) + 1u, .weight_low = total,
+                                 .weight_high = 0.0, .total = total, .target = top_p * total};
+}
+
+/* Whether the bracket may hold more than about BRACKET_VALUES values (its weight over its lowest value),
+ * and more than CUTS bit patterns. */
+static inline int sift_open(const struct sift_bracket *s) {
+    return s->high - s->low > CUTS && s->weight_low - s->weight_high > BRACKET_VALUES * (double)float_of(s->low);
+}
+
+/* Where in the bracket (0: its low end, 1: its high end) the weight meets the target, taking the log of
+ * the weight below a cut as linear in the cut's bits (the tail below the threshold thins out about
+ * exponentially), or the weight itself where the weight below the low end is not known to be positive. */
+static inline double sift_guess(const struct sift_bracket *s) {
+    const double below_low = s->total - s->weight_low, below_high = s->total - s->weight_high;
+    const double below_target = s->total - s->target;
+    double guess = (s->weight_low - s->target) / (s->weight_low - s->weight_high);
+    if (below_low > 0.0 && below_target > below_low && below_high > below_target)
+        guess = log(below_target / below_low) / log(below_high / below_low);
+    return guess > 0.0 ? (guess < 1.0 ? guess : 1.0) : 0.0;
+}
+
+/* The CUTS cuts of a pass, ascending inside the bracket: on the first pass (interpolate 0) evenly spaced
+ * in its bits; then at 1/32 and 1/6 of the bracket either side of sift_guess (a close guess narrows the
+ * bracket 16-fold, a poor one still by a third). */
+static inline void sift_cuts(const struct sift_bracket *s, int interpolate, float *cut) {
+    const double width = (double)(s->high - s->low);
+    double at[CUTS] = {0.2, 0.4, 0.6, 0.8};
+    if (interpolate) {
+        const double guess = sift_guess(s);
+        at[0] = guess - 1.0 / 6, at[1] = guess - 1.0 / 32, at[2] = guess + 1.0 / 32, at[3] = guess + 1.0 / 6;
+    }
+    for (int j = 0; j < CUTS; j++) {
+        const double place = at[j] * width, inside = place < 1.0 ? 1.0 : place < width - 1.0 ? place : width - 1.0;
+        cut[j] = float_of(s->low + (uint32_t)inside);
+    }
+}
+
+/* One pass of the search: the weight estimated at the cuts (estimate_at_cuts), the bracket's ends moved to
+ * the cuts that are surely on either side of the target. */
+IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct sift_bracket *s) {
+    float cut[CUTS];
+    double weight[CUTS];
+    sift_cuts(s, interpolate, cut);
+    estimate_at_cuts(row, n, cut, weight);
+    const double slack = 1.0 + 2.0 * ESTIMATE_ERROR;
+    for (int j = 0; j < CUTS; j++) {
+        if (weight[j] >= s->target * slack && bits_of(cut[j]) > s->low) {
+            s->low = bits_of(cut[j]);
+            s->weight_low = weight[j];
+        }
+        if (weight[j] * slack < s->target && bits_of(cut[j]) < s->high) {
+            s->high = bits_of(cut[j]);
+            s->weight_high = weight[j];
+        }
+    }
+}
+
+/* Values per step of list_bracket (a multiple of 16). */
+#define LIST_STEP 64
+
+/* The values of LIST_STEP from `at` whose bits are in [from, from + span) appended in order to list[count..];
+ * returns the new count. Byte flags (vectorised), then each group of 8 with a flag copied branch-free
+ * (which values pass is unpredictable). */
+IN_CLONE int64_t list_step(const float *at, uint32_t from, uint32_t span, float *list, int64_t count) {
+    uint8_t in[LIST_STEP];
+    uint64_t group[LIST_STEP / 8];
+    for (int j = 0; j < LIST_STEP; j++) in[j] = bits_of(at[j]) - from < span;
+    memcpy(group, in, sizeof group);
+    for (int g = 0; g < LIST_STEP / 8; g++) {
+        if (!group[g]) continue;
+        for (int t = 0; t < 8; t++) {
+            list[count] = at[8 * g + t];
+            count += in[8 * g + t];
+        }
+    }
+    return count;
+}
+
+/* The values of the row in [low, high) (both >= 0) listed in row order into list (room for n), the weight
+ * of those >= high summed in double into *above; returns how many are listed. A step per LIST_STEP
+ * values: the weight above in sixteen double lanes and whether any value is in the bracket (both
+ * vectorised), list_step only where one is. */
+IN_CLONE int64_t list_bracket(const float *row, int64_t n, float low, float high, float *list, double *above) {
+    const uint32_t from = bits_of(low), span = bits_of(high) - from;
+    double lanes[16] = {0};
+    int64_t count = 0, i = 0;
+    for (; i + LIST_STEP <= n; i += LIST_STEP) {
+        int any = 0;
+        for (int v = 0; v < LIST_STEP; v += 16)
+            for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + v + lane] >= high ? row[i + v + lane] : 0.0f;
+        for (int j = 0; j < LIST_STEP; j++) any |= bits_of(row[i + j]) - from < span;
+        if (any) count = list_step(row + i, from, span, list, count);
+    }
+    *above = 0.0;
+    for (; i < n; i++) {
+        *above += row[i] >= high ? row[i] : 0.0f;
+        list[count] = row[i];
+        count += bits_of(row[i]) - from < span;
+    }
+    for (int lane = 0; lane < 16; lane++) *above += lanes[lane];
+    return count;
+}
+
+/* The search's threshold from its final bracket, or -1 where it is not certain: the bracket's values
+ * listed into scratch (scratch_size(n)) with the weight above it (list_bracket) and resolved by
+ * refine_threshold, whose last sums give the weight above the threshold t and at it. t is
+ * nucleus_threshold's threshold for sure where those sums miss the target by more than SIFT_MARGIN of the
+ * row's weight (see nucleus_sifted). */
+#define SIFT_MARGIN(n) ((4.0 * (double)(n) + 16384.0) * 0x1p-53)
+IN_CLONE float sift_resolve(const float *row, int64_t n, const struct sift_bracket *s, float *scratch) {
+    const float low = float_of(s->low), high = float_of(s->high);
+    const double target = s->target, margin = SIFT_MARGIN(n) * s->total;
+    double above, reached[2];
+    const int64_t count = list_bracket(row, n, low, high, scratch, &above);
+    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20, reached);
+    const int inside = threshold >= low && threshold < high;
+    return inside && reached[0] < target - margin && reached[0] + reached[1] >= target + margin ? threshold : -1.0f;
+}
+
+/* nucleus_threshold(row, n, 0, top_p, scratch) of a row of weights in [0, 1] whose largest is 1 (its max
+ * logit finite), given the row's weight as nucleus_threshold sums it (weight_at_least(row, n, 0)): a
+ * search that narrows a bracket around the threshold in passes of CUTS estimated weights (sift_narrow:
+ * the first evenly, the next around the interpolated crossing), then lists the bracket's values and
+ * resolves them with sums in double (sift_resolve). Its sums and nucleus_threshold's differ from the exact
+ * ones by less than n + 4096 ulp of the row's weight each (sums of non-negative terms in double), so where
+ * the weight at or above t and above t miss the target by more than SIFT_MARGIN, both classify every cut
+ * alike (nucleus_threshold's bracket holds t) and resolve the same t. Elsewhere nucleus_threshold decides. */
+IN_CLONE float nucleus_sifted(const float *row, int64_t n, double top_p, double total, float *scratch) {
+    if (!(total > 0.0)) return 0.0f; /* (as nucleus_threshold) */
+    struct sift_bracket s = sift_start(n, top_p, total);
+    for (int pass = 0; pass < SIFT_PASSES && sift_open(&s); pass++) sift_narrow(row, n, pass > 0, &s);
+    const float threshold = sift_resolve(row, n, &s, scratch);
+    if (threshold >= 0.0f) return threshold;
+    __atomic_fetch_add(&sift_fallbacks, 1, __ATOMIC_RELAXED);
+    return nucleus_threshold(row, n, 0.0f, top_p, scratch);
 }
 
 static void sift_down(float *heap, int64_t size, int64_t at) {
@@ -636,10 +814,14 @@ static float nucleus_of_largest(const float *sorted, int64_t k, int64_t at_least
     return kth;
 }
 
-/* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row). */
-CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch) {
+/* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row).
+ * total: the row's weight (weight_at_least(row, n, 0)) where its largest weight is 1 (its max logit
+ * finite), else -1; a row without top-k then sifts for its nucleus (nucleus_sifted). */
+CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch,
+                                  double total) {
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
+    if (!limited && total >= 0.0) return nucleus_sifted(row, n, (double)top_p * (1.0 - rtol), total, scratch);
     if (limited && k <= HEAP_LIMIT) {
         largest_k(row, n, k, scratch);
         const float kth = scratch[0];
@@ -715,11 +897,27 @@ IN_CLONE void exp_chunk(const float *x, float top, float inverse, float *w) {
         for (int i = 0; i < EXP_CHUNK; i++) w[i] = exp_nonpositive(w[i]);
 }
 
-/* row[i] = exp_nonpositive((x[i] - top) * inverse) for the row's n values (row may be x), by exp_chunk. */
-IN_CLONE void exp_row(const float *x, int64_t n, float top, float inverse, float *row) {
+/* row[i] = exp_nonpositive((x[i] - top) * inverse) for the row's n values (row may be x), by exp_chunk.
+ * Where total is not NULL, also their sum as weight_at_least(row, n, 0) adds it, bit for bit (the same
+ * sixteen double lanes, the same tail). */
+IN_CLONE void exp_row(const float *x, int64_t n, float top, float inverse, float *row, double *total) {
+    double lanes[16] = {0};
     int64_t i = 0;
-    for (; i + EXP_CHUNK <= n; i += EXP_CHUNK) exp_chunk(x + i, top, inverse, row + i);
+    for (; i + EXP_CHUNK <= n; i += EXP_CHUNK) {
+        exp_chunk(x + i, top, inverse, row + i);
+        if (total)
+            for (int v = 0; v < EXP_CHUNK; v += 16)
+                for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + v + lane];
+    }
+    const int64_t summed = i;
     for (; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
+    if (!total) return;
+    for (i = summed; i + 15 < n; i += 16)
+        for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + lane];
+    double sum = 0.0;
+    for (; i < n; i++) sum += row[i];
+    for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+    *total = sum;
 }
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
@@ -778,10 +976,11 @@ IN_CLONE void keep_at_least(float *row, int64_t n, float threshold, int64_t bloc
  * scratch_size(n) floats. */
 IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
-    float top = row_max(x, n);
-    top = isfinite(top) ? top : 0.0f;
-    exp_row(x, n, top, 1.0f / temperature, row);
-    float threshold = row_threshold(row, n, k, top_p, rtol, scratch);
+    const float largest = row_max(x, n), top = isfinite(largest) ? largest : 0.0f;
+    const int sifts = sifting && isfinite(largest) && !(k > 0 && k < n) && top_p < 1.0f; /* (row_threshold) */
+    double total = -1.0;
+    exp_row(x, n, top, 1.0f / temperature, row, sifts ? &total : NULL);
+    float threshold = row_threshold(row, n, k, top_p, rtol, scratch, total);
     if (min_p) {
         const float ratio = (float)((double)*min_p * (1.0 - rtol));
         if (ratio > threshold) threshold = ratio;

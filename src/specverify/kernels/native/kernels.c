@@ -562,14 +562,14 @@ int64_t specverify_sift_fallbacks(void) {
 
 /* The bracket [low, high) of a sifting search on the weights' bits, with estimates of the weight at or
  * above each end: weight_low >= target > weight_high, up to the estimates' errors (a cut within them of
- * the target moves neither end); the row's weight and the target, top_p times it. */
+ * the target moves neither end); the row's estimated weight and the target, top_p times it. */
 struct sift_bracket {
     uint32_t low, high;
     double weight_low, weight_high, total, target;
 };
 
 /* A search's first bracket: [(1 - top_p) * total / n, 1], a little wider (the values below weigh less
- * than what the nucleus leaves out, so no threshold lies there). */
+ * than what the nucleus leaves out, so no threshold lies there); total: the row's estimated weight. */
 static inline struct sift_bracket sift_start(int64_t n, double top_p, double total) {
     const float lowest = (float)((1.0 - top_p) * total / (double)n * 0.999);
     return (struct sift_bracket){.low = bits_of(lowest), .high = bits_of(1.0f) + 1u, .weight_low = total,
@@ -617,7 +617,7 @@ IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct s
     double weight[CUTS];
     sift_cuts(s, interpolate, cut);
     estimate_at_cuts(row, n, cut, weight);
-    const double slack = 1.0 + 2.0 * ESTIMATE_ERROR;
+    const double slack = 1.0 + 3.0 * ESTIMATE_ERROR; /* the estimates' and the target's */
     for (int j = 0; j < CUTS; j++) {
         if (weight[j] >= s->target * slack && bits_of(cut[j]) > s->low) {
             s->low = bits_of(cut[j]);
@@ -651,60 +651,70 @@ IN_CLONE int64_t list_step(const float *at, uint32_t from, uint32_t span, float 
     return count;
 }
 
-/* The values of the row in [low, high) (both >= 0) listed in row order into list (room for n), the weight
- * of those >= high summed in double into *above; returns how many are listed. A step per LIST_STEP
- * values: the weight above in sixteen double lanes and whether any value is in the bracket (both
- * vectorised), list_step only where one is. */
-IN_CLONE int64_t list_bracket(const float *row, int64_t n, float low, float high, float *list, double *above) {
+/* The values of the row in [low, high) (both >= 0) listed in row order into list (room for n), the row's
+ * weight and the weight of its values >= high summed in double into sums[0] and sums[1]; returns how many
+ * are listed. A step per LIST_STEP values: the two weights in sixteen double lanes each and whether any
+ * value is in the bracket (each loop vectorised), list_step only where one is. */
+IN_CLONE int64_t list_bracket(const float *row, int64_t n, float low, float high, float *list, double *sums) {
     const uint32_t from = bits_of(low), span = bits_of(high) - from;
-    double lanes[16] = {0};
+    double all[16] = {0}, above[16] = {0};
     int64_t count = 0, i = 0;
     for (; i + LIST_STEP <= n; i += LIST_STEP) {
         int any = 0;
         for (int v = 0; v < LIST_STEP; v += 16)
-            for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + v + lane] >= high ? row[i + v + lane] : 0.0f;
+            for (int lane = 0; lane < 16; lane++) all[lane] += row[i + v + lane];
+        for (int v = 0; v < LIST_STEP; v += 16)
+            for (int lane = 0; lane < 16; lane++) above[lane] += row[i + v + lane] >= high ? row[i + v + lane] : 0.0f;
         for (int j = 0; j < LIST_STEP; j++) any |= bits_of(row[i + j]) - from < span;
         if (any) count = list_step(row + i, from, span, list, count);
     }
-    *above = 0.0;
+    sums[0] = sums[1] = 0.0;
     for (; i < n; i++) {
-        *above += row[i] >= high ? row[i] : 0.0f;
+        sums[0] += row[i];
+        sums[1] += row[i] >= high ? row[i] : 0.0f;
         list[count] = row[i];
         count += bits_of(row[i]) - from < span;
     }
-    for (int lane = 0; lane < 16; lane++) *above += lanes[lane];
+    for (int lane = 0; lane < 16; lane++) {
+        sums[0] += all[lane];
+        sums[1] += above[lane];
+    }
     return count;
 }
 
 /* The search's threshold from its final bracket, or -1 where it is not certain: the bracket's values
- * listed into scratch (scratch_size(n)) with the weight above it (list_bracket) and resolved by
- * refine_threshold, whose last sums give the weight above the threshold t and at it. t is
- * nucleus_threshold's threshold for sure where those sums miss the target by more than SIFT_MARGIN of the
- * row's weight (see nucleus_sifted). */
+ * listed into scratch (scratch_size(n)) with the row's weight and the weight above the bracket
+ * (list_bracket), the target top_p times the former, the values resolved by refine_threshold, whose last
+ * sums give the weight above the threshold t and at it. t is nucleus_threshold's threshold for sure where
+ * those sums miss the target by more than SIFT_MARGIN of the row's weight (see nucleus_sifted). */
 #define SIFT_MARGIN(n) ((4.0 * (double)(n) + 16384.0) * 0x1p-53)
-IN_CLONE float sift_resolve(const float *row, int64_t n, const struct sift_bracket *s, float *scratch) {
+IN_CLONE float sift_resolve(const float *row, int64_t n, const struct sift_bracket *s, double top_p, float *scratch) {
     const float low = float_of(s->low), high = float_of(s->high);
-    const double target = s->target, margin = SIFT_MARGIN(n) * s->total;
-    double above, reached[2];
-    const int64_t count = list_bracket(row, n, low, high, scratch, &above);
-    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20, reached);
-    const int inside = threshold >= low && threshold < high;
+    double sums[2], reached[2];
+    const int64_t count = list_bracket(row, n, low, high, scratch, sums);
+    const double target = top_p * sums[0], margin = SIFT_MARGIN(n) * sums[0];
+    const float threshold = refine_threshold(scratch, count, 1, sums[1], target, 0u, 20, reached);
+    const int inside = sums[0] > 0.0 && threshold >= low && threshold < high;
     return inside && reached[0] < target - margin && reached[0] + reached[1] >= target + margin ? threshold : -1.0f;
 }
 
 /* nucleus_threshold(row, n, 0, top_p, scratch) of a row of weights in [0, 1] whose largest is 1 (its max
- * logit finite), given the row's weight as nucleus_threshold sums it (weight_at_least(row, n, 0)): a
- * search that narrows a bracket around the threshold in passes of CUTS estimated weights (sift_narrow:
- * the first evenly, the next around the interpolated crossing), then lists the bracket's values and
- * resolves them with sums in double (sift_resolve). Its sums and nucleus_threshold's differ from the exact
- * ones by less than n + 4096 ulp of the row's weight each (sums of non-negative terms in double), so where
- * the weight at or above t and above t miss the target by more than SIFT_MARGIN, both classify every cut
- * alike (nucleus_threshold's bracket holds t) and resolve the same t. Elsewhere nucleus_threshold decides. */
-IN_CLONE float nucleus_sifted(const float *row, int64_t n, double top_p, double total, float *scratch) {
-    if (!(total > 0.0)) return 0.0f; /* (as nucleus_threshold) */
-    struct sift_bracket s = sift_start(n, top_p, total);
+ * logit finite), from an estimate of the row's weight (exp_row's): a search that narrows a bracket around
+ * the threshold in passes of CUTS estimated weights (sift_narrow: the first evenly, the next around the
+ * interpolated crossing), then lists the bracket's values and resolves them with sums in double
+ * (sift_resolve). Why the same t: every double sum of k non-negative terms either search forms (its
+ * row's weight, a weight above a cut, a running weight of refine_threshold's histograms) is within k ulp
+ * of the exact sum's (k <= n + 3100), and the two targets, top_p times two sums of the row, within
+ * n / 8 + 66 ulp of each other; so where the weight at or above t and the weight above t, as this search
+ * sums them, miss its target by more than SIFT_MARGIN ((4n + 16384) ulp of the row's weight), the exact
+ * weights miss nucleus_threshold's target by more than its own error: it classifies every cut as the
+ * exact weights do (its bracket holds t: a cut at or below t is reached, one above it is not) and its
+ * radix selection over that bracket stops at t's bucket at every level. Elsewhere nucleus_threshold
+ * decides. */
+IN_CLONE float nucleus_sifted(const float *row, int64_t n, double top_p, double estimate, float *scratch) {
+    struct sift_bracket s = sift_start(n, top_p, estimate);
     for (int pass = 0; pass < SIFT_PASSES && sift_open(&s); pass++) sift_narrow(row, n, pass > 0, &s);
-    const float threshold = sift_resolve(row, n, &s, scratch);
+    const float threshold = sift_resolve(row, n, &s, top_p, scratch);
     if (threshold >= 0.0f) return threshold;
     __atomic_fetch_add(&sift_fallbacks, 1, __ATOMIC_RELAXED);
     return nucleus_threshold(row, n, 0.0f, top_p, scratch);
@@ -815,13 +825,14 @@ static float nucleus_of_largest(const float *sorted, int64_t k, int64_t at_least
 }
 
 /* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row).
- * total: the row's weight (weight_at_least(row, n, 0)) where its largest weight is 1 (its max logit
- * finite), else -1; a row without top-k then sifts for its nucleus (nucleus_sifted). */
+ * estimate: the row's weight within ESTIMATE_ERROR where its largest weight is 1 (its max logit finite),
+ * else -1; a row without top-k then sifts for its nucleus (nucleus_sifted). */
 CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch,
-                                  double total) {
+                                  double estimate) {
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
-    if (!limited && total >= 0.0) return nucleus_sifted(row, n, (double)top_p * (1.0 - rtol), total, scratch);
+    if (!limited && estimate >= 0.5 && sifting)
+        return nucleus_sifted(row, n, (double)top_p * (1.0 - rtol), estimate, scratch);
     if (limited && k <= HEAP_LIMIT) {
         largest_k(row, n, k, scratch);
         const float kth = scratch[0];
@@ -897,27 +908,28 @@ IN_CLONE void exp_chunk(const float *x, float top, float inverse, float *w) {
         for (int i = 0; i < EXP_CHUNK; i++) w[i] = exp_nonpositive(w[i]);
 }
 
-/* row[i] = exp_nonpositive((x[i] - top) * inverse) for the row's n values (row may be x), by exp_chunk.
- * Where total is not NULL, also their sum as weight_at_least(row, n, 0) adds it, bit for bit (the same
- * sixteen double lanes, the same tail). */
-IN_CLONE void exp_row(const float *x, int64_t n, float top, float inverse, float *row, double *total) {
-    double lanes[16] = {0};
+/* row[i] = exp_nonpositive((x[i] - top) * inverse) for the row's n values (row may be x), by exp_chunk;
+ * returns their sum within ESTIMATE_ERROR (float lanes of ESTIMATE_RUN values each, added into double).
+ * The values after the last chunk go through a loop of their own, as the whole row once did: the AVX-512
+ * build vectorises its last 8 values in 256-bit registers, where GCC does not contract to FMA (-mavx512f
+ * does not enable FMA there), so that they round unlike the scalar and 512-bit code; a sum in that loop
+ * would make it scalar and change them. */
+IN_CLONE double exp_row(const float *x, int64_t n, float top, float inverse, float *row) {
+    double wide[16] = {0}, sum = 0.0;
     int64_t i = 0;
-    for (; i + EXP_CHUNK <= n; i += EXP_CHUNK) {
-        exp_chunk(x + i, top, inverse, row + i);
-        if (total)
+    while (i + EXP_CHUNK <= n) {
+        float lanes[16] = {0};
+        for (int step = 0; step < ESTIMATE_RUN * 16 / EXP_CHUNK && i + EXP_CHUNK <= n; step++, i += EXP_CHUNK) {
+            exp_chunk(x + i, top, inverse, row + i);
             for (int v = 0; v < EXP_CHUNK; v += 16)
                 for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + v + lane];
+        }
+        for (int lane = 0; lane < 16; lane++) wide[lane] += lanes[lane];
     }
-    const int64_t summed = i;
-    for (; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
-    if (!total) return;
-    for (i = summed; i + 15 < n; i += 16)
-        for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + lane];
-    double sum = 0.0;
+    for (int64_t t = i; t < n; t++) row[t] = exp_nonpositive((x[t] - top) * inverse);
     for (; i < n; i++) sum += row[i];
-    for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
-    *total = sum;
+    for (int lane = 0; lane < 16; lane++) sum += wide[lane];
+    return sum;
 }
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
@@ -977,10 +989,8 @@ IN_CLONE void keep_at_least(float *row, int64_t n, float threshold, int64_t bloc
 IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
     const float largest = row_max(x, n), top = isfinite(largest) ? largest : 0.0f;
-    const int sifts = sifting && isfinite(largest) && !(k > 0 && k < n) && top_p < 1.0f; /* (row_threshold) */
-    double total = -1.0;
-    exp_row(x, n, top, 1.0f / temperature, row, sifts ? &total : NULL);
-    float threshold = row_threshold(row, n, k, top_p, rtol, scratch, total);
+    const double estimate = exp_row(x, n, top, 1.0f / temperature, row);
+    float threshold = row_threshold(row, n, k, top_p, rtol, scratch, isfinite(largest) ? estimate : -1.0);
     if (min_p) {
         const float ratio = (float)((double)*min_p * (1.0 - rtol));
         if (ratio > threshold) threshold = ratio;

@@ -641,20 +641,15 @@ IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct s
 #define LIST_STEP 64
 
 /* The values of LIST_STEP from `at` whose bits are in [from, from + span) appended in order to list[count..];
- * returns the new count. Byte flags (vectorised), then each group of 8 with a flag copied branch-free
- * (which values pass is unpredictable). */
+ * returns the new count. Byte flags (vectorised), gathered into a 64-bit mask (each 8 flags, read as one
+ * little-endian word, by one multiply), whose set bits are walked: no branch on which values pass. */
 IN_CLONE int64_t list_step(const float *at, uint32_t from, uint32_t span, float *list, int64_t count) {
     uint8_t in[LIST_STEP];
-    uint64_t group[LIST_STEP / 8];
+    uint64_t group[LIST_STEP / 8], mask = 0;
     for (int j = 0; j < LIST_STEP; j++) in[j] = bits_of(at[j]) - from < span;
     memcpy(group, in, sizeof group);
-    for (int g = 0; g < LIST_STEP / 8; g++) {
-        if (!group[g]) continue;
-        for (int t = 0; t < 8; t++) {
-            list[count] = at[8 * g + t];
-            count += in[8 * g + t];
-        }
-    }
+    for (int g = 0; g < LIST_STEP / 8; g++) mask |= (group[g] * 0x0102040810204080ull >> 56) << (8 * g);
+    for (; mask; mask &= mask - 1) list[count++] = at[__builtin_ctzll(mask)];
     return count;
 }
 

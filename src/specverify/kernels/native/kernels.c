@@ -35,8 +35,10 @@
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, the best chosen at load time (GCC's
  * function multiversioning, on x86-64 Linux); elsewhere they are compiled once for the target. The AVX2
  * build is x86-64-v3 (AVX2 with FMA) where GCC names that level (12 and later): the exp's polynomial in
- * fused multiply-adds is a quarter faster, and contracted as the AVX-512 build contracts it (GCC enables
- * FMA with AVX-512F), so that both give the same weights. */
+ * fused multiply-adds is a quarter faster, and contracted as the AVX-512 build contracts it in 512-bit
+ * vectors and scalars, so that both give the same weights there. (-mavx512f does not enable FMA for
+ * 256-bit vectors: where GCC finishes a loop's last 8 values in them, the AVX-512 build rounds those
+ * without FMA; see exp_row.) */
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__linux__)
 #define CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #elif defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)

@@ -7,11 +7,14 @@
  * largest (its nucleus from those k sorted values); a larger top-k by radix selection (a counting
  * histogram over the row, then the chosen bucket's values gathered and resolved); the nucleus by a search
  * on the weights' bits, a few vectorised passes that each narrow a bracket around it to a fifth, then the
- * bracket's values gathered and resolved (nucleus_threshold). Sums run in double in a fixed lane order,
- * so results do not depend on threads, batch layout or the instruction set. Rows are independent: built
- * with OpenMP, a call spreads them over the calling thread's team; built without, the caller splits a
- * batch between threads (ctypes releases the GIL). Inputs may be float32, bfloat16 or float16, converted
- * exactly a row at a time.
+ * bracket's values gathered and resolved (nucleus_threshold). A row without top-k sifts for it instead
+ * (nucleus_sifted): fewer passes, the cuts placed where the weight crosses the target by interpolation,
+ * the result kept where sums with bounded error certify it is nucleus_threshold's, else nucleus_threshold
+ * decides. The exp runs 64 values at a time, without its clamps where they change nothing (exp_chunk).
+ * Sums run in double in a fixed lane order, so results do not depend on threads, batch layout or the
+ * instruction set. Rows are independent: built with OpenMP, a call spreads them over the calling thread's
+ * team; built without, the caller splits a batch between threads (ctypes releases the GIL). Inputs may be
+ * float32, bfloat16 or float16, converted exactly a row at a time.
  *
  * The verifier's chain calls go through draw_rows instead, which never writes the weights out: each row
  * is weighed (weigh_kept: a greedy row's argmax alone; a top-k row from its k largest raw logits, only the
@@ -20,6 +23,7 @@
  * read about once. Sampled mode keeps each drafted position's weights for recover_kept_rows (the short
  * list, or the dense row where the kept set is large). Every path gives the bits of the dense one.
  */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c99 */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -34,8 +38,10 @@
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, the best chosen at load time (GCC's
  * function multiversioning, on x86-64 Linux); elsewhere they are compiled once for the target. The AVX2
  * build is x86-64-v3 (AVX2 with FMA) where GCC names that level (12 and later): the exp's polynomial in
- * fused multiply-adds is a quarter faster, and contracted as the AVX-512 build contracts it (GCC enables
- * FMA with AVX-512F), so that both give the same weights. */
+ * fused multiply-adds is a quarter faster, and contracted as the AVX-512 build contracts it in 512-bit
+ * vectors and scalars, so that both give the same weights there. (-mavx512f does not enable FMA for
+ * 256-bit vectors: where GCC finishes a loop's last 8 values in them, the AVX-512 build rounds those
+ * without FMA; see exp_row.) */
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__linux__)
 #define CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #elif defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
@@ -242,10 +248,16 @@ void specverify_refuse_allocations_above(uint64_t bytes) {
     allocation_limit = bytes;
 }
 
-/* malloc(bytes) (never of 0 bytes, where malloc may give NULL), or NULL with bytes written to *refused
- * (atomically: the threads of a parallel region share it). */
+/* Bytes every allocation is aligned to: a cache line, and the widest vector. malloc aligns a large block
+ * to 16 bytes (glibc maps it after a 16-byte header), and 64-byte vectors stored across two cache lines
+ * made the exp pass over a row in draw_rows' buffer about 1.8x slower. */
+#define ALIGNMENT 64
+
+/* bytes (never 0, where an allocator may give NULL) aligned to ALIGNMENT, or NULL with bytes written to
+ * *refused (atomically: the threads of a parallel region share it). Freed by free. */
 static void *allocate(uint64_t bytes, int64_t *refused) {
-    void *memory = bytes <= allocation_limit ? malloc(bytes ? (size_t)bytes : 1) : NULL;
+    void *memory = NULL;
+    if (bytes > allocation_limit || posix_memalign(&memory, ALIGNMENT, bytes ? (size_t)bytes : 1)) memory = NULL;
     if (!memory) {
 #pragma omp atomic write
         *refused = (int64_t)bytes;
@@ -392,15 +404,21 @@ IN_CLONE int64_t gather_between(const float *row, int64_t n, float low, float hi
  * `prefix`. Radix selection on the next 10 bits from bit `shift` down (shift 20, 10 or 0; for values in
  * [0, 1], bits 20-29 are the exponent's low 7 bits and 3 bits of mantissa), a level at a time: a histogram
  * summed in double, the bucket where the running weight reaches the target, its values kept (in place in
- * `values`). Where rounding leaves the target unreached at a level, the lowest bucket is kept. */
+ * `values`). Where rounding leaves the target unreached at a level, the lowest bucket is kept. Where
+ * `reached` is not NULL, the sums of the last level go there: reached[0] the running weight above the
+ * chosen bucket (`above` plus the buckets over it), reached[1] the chosen bucket's weight. */
 static float refine_threshold(float *values, int64_t count, int mass, double above, double target, uint32_t prefix,
-                              int shift) {
+                              int shift, double *reached) {
     double hist[1024];
     for (; shift >= 0; shift -= 10) {
         memset(hist, 0, sizeof hist);
         for (int64_t i = 0; i < count; i++) hist[(bits_of(values[i]) >> shift) & 1023u] += mass ? (double)values[i] : 1.0;
         int chosen = 1023;
         while (chosen > 0 && above + hist[chosen] < target) above += hist[chosen--];
+        if (reached) {
+            reached[0] = above;
+            reached[1] = hist[chosen];
+        }
         int64_t kept = 0;
         for (int64_t i = 0; i < count; i++) { /* (branch-free, in place: kept <= i) */
             values[kept] = values[i];
@@ -433,7 +451,7 @@ static float kth_largest(const float *row, int64_t n, int64_t k, float *scratch)
         chosen--;
     }
     const int64_t count = gather_between(row, n, float_of(chosen << 20), float_of((chosen + 1) << 20), scratch);
-    return refine_threshold(scratch, count, 0, (double)above, (double)k, chosen, 10);
+    return refine_threshold(scratch, count, 0, (double)above, (double)k, chosen, 10, NULL);
 }
 
 /* The weight of the row's values >= cut, summed in double in sixteen lanes (vectorised), the lanes then
@@ -486,6 +504,34 @@ IN_CLONE void estimate_at_cuts(const float *row, int64_t n, const float *cut, do
     }
 }
 
+/* estimate_at_cuts at two cuts a and b (the same lanes and runs, within ESTIMATE_ERROR). */
+IN_CLONE void estimate_at_two(const float *row, int64_t n, float a, float b, double *weight) {
+    double wide[2][16] = {{0}};
+    int64_t i = 0;
+    while (i + 16 * ESTIMATE_RUN <= n) {
+        float first[16] = {0}, second[16] = {0};
+        for (const int64_t end = i + 16 * ESTIMATE_RUN; i < end; i += 16)
+            for (int lane = 0; lane < 16; lane++) {
+                const float v = row[i + lane];
+                first[lane] += v >= a ? v : 0.0f;
+                second[lane] += v >= b ? v : 0.0f;
+            }
+        for (int lane = 0; lane < 16; lane++) {
+            wide[0][lane] += first[lane];
+            wide[1][lane] += second[lane];
+        }
+    }
+    weight[0] = weight[1] = 0.0;
+    for (int64_t t = i; t < n; t++) {
+        weight[0] += row[t] >= a ? row[t] : 0.0f;
+        weight[1] += row[t] >= b ? row[t] : 0.0f;
+    }
+    for (int lane = 0; lane < 16; lane++) {
+        weight[0] += wide[0][lane];
+        weight[1] += wide[1][lane];
+    }
+}
+
 /* A nucleus bracket holding at most this many values (by its weight over its lowest value) is listed. */
 #define BRACKET_VALUES 2048
 
@@ -531,8 +577,186 @@ IN_CLONE float nucleus_threshold(const float *row, int64_t n, float floor, doubl
     }
     const double above = weight_at_least(row, n, float_of(high));
     const int64_t count = gather_between(row, n, float_of(low), float_of(high), scratch);
-    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20);
+    const float threshold = refine_threshold(scratch, count, 1, above, target, 0u, 20, NULL);
     return threshold > float_of(low) ? threshold : float_of(low); /* (rounding left the target unreached) */
+}
+
+/* ---- The nucleus of a row without top-k, by sifting (nucleus_sifted): nucleus_threshold's threshold in
+ * fewer passes over the row, certified by sums whose error is bounded, else nucleus_threshold's own. ---- */
+
+/* Test hooks of the sifting search (tests/kernels/test_native_sift.py): whether rows sift (1, the default)
+ * or go to nucleus_threshold alone (0); how many sifted rows were not certified and took nucleus_threshold's
+ * threshold, read and reset. */
+static int64_t sifting = 1, sift_fallbacks = 0;
+
+void specverify_sift(int64_t on) {
+    sifting = on;
+}
+
+int64_t specverify_sift_fallbacks(void) {
+    return __atomic_exchange_n(&sift_fallbacks, 0, __ATOMIC_RELAXED);
+}
+
+/* Narrowing passes of a sifting search at most before its bracket is listed, however many values it holds. */
+#define SIFT_PASSES 8
+
+/* The bracket [low, high) of a sifting search on the weights' bits, with estimates of the weight at or
+ * above each end: weight_low >= target > weight_high, up to the estimates' errors (a cut within them of
+ * the target moves neither end); the row's estimated weight and the target, top_p times it. */
+struct sift_bracket {
+    uint32_t low, high;
+    double weight_low, weight_high, total, target;
+};
+
+/* A search's first bracket: [(1 - top_p) * total / n, 1], a little wider (the values below weigh less
+ * than what the nucleus leaves out, so no threshold lies there); total: the row's estimated weight. */
+static inline struct sift_bracket sift_start(int64_t n, double top_p, double total) {
+    const float lowest = (float)((1.0 - top_p) * total / (double)n * 0.999);
+    return (struct sift_bracket){.low = bits_of(lowest), .high = bits_of(1.0f) + 1u, .weight_low = total,
+                                 .weight_high = 0.0, .total = total, .target = top_p * total};
+}
+
+/* Whether the bracket may hold more than about BRACKET_VALUES values (its weight over its lowest value),
+ * and more than CUTS bit patterns. */
+static inline int sift_open(const struct sift_bracket *s) {
+    return s->high - s->low > CUTS && s->weight_low - s->weight_high > BRACKET_VALUES * (double)float_of(s->low);
+}
+
+/* Where in the bracket (0: its low end, 1: its high end) the weight meets the target, taking the log of
+ * the weight below a cut as linear in the cut's bits (the tail below the threshold thins out about
+ * exponentially), or the weight itself where the weight below the low end is not known to be positive. */
+static inline double sift_guess(const struct sift_bracket *s) {
+    const double below_low = s->total - s->weight_low, below_high = s->total - s->weight_high;
+    const double below_target = s->total - s->target;
+    double guess = (s->weight_low - s->target) / (s->weight_low - s->weight_high);
+    if (below_low > 0.0 && below_target > below_low && below_high > below_target)
+        guess = log(below_target / below_low) / log(below_high / below_low);
+    return guess > 0.0 ? (guess < 1.0 ? guess : 1.0) : 0.0;
+}
+
+/* The cuts of a pass, ascending inside the bracket; returns how many: on the first pass (interpolate 0)
+ * CUTS, evenly spaced in its bits; then two, 1/32 of the bracket either side of sift_guess (a close guess
+ * narrows the bracket 16-fold; a pass of two cuts costs about 60% of one of four, and though some rows
+ * take a pass more, the rows measured took 8% less time, one kind 2% more). */
+static inline int sift_cuts(const struct sift_bracket *s, int interpolate, float *cut) {
+    const double width = (double)(s->high - s->low);
+    const double guess = interpolate ? sift_guess(s) : 0.0;
+    const double at[CUTS] = {0.2, 0.4, 0.6, 0.8}, near[2] = {guess - 1.0 / 32, guess + 1.0 / 32};
+    const int cuts = interpolate ? 2 : CUTS;
+    for (int j = 0; j < cuts; j++) {
+        const double place = (interpolate ? near[j] : at[j]) * width;
+        const double inside = place < 1.0 ? 1.0 : place < width - 1.0 ? place : width - 1.0;
+        cut[j] = float_of(s->low + (uint32_t)inside);
+    }
+    return cuts;
+}
+
+/* One pass of the search: the weight estimated at the cuts (estimate_at_cuts, estimate_at_two), the
+ * bracket's ends moved to the cuts that are surely on either side of the target. */
+IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct sift_bracket *s) {
+    float cut[CUTS];
+    double weight[CUTS];
+    const int cuts = sift_cuts(s, interpolate, cut);
+    if (cuts == 2)
+        estimate_at_two(row, n, cut[0], cut[1], weight);
+    else
+        estimate_at_cuts(row, n, cut, weight);
+    const double slack = 1.0 + 3.0 * ESTIMATE_ERROR; /* the estimates' and the target's */
+    for (int j = 0; j < cuts; j++) {
+        if (weight[j] >= s->target * slack && bits_of(cut[j]) > s->low) {
+            s->low = bits_of(cut[j]);
+            s->weight_low = weight[j];
+        }
+        if (weight[j] * slack < s->target && bits_of(cut[j]) < s->high) {
+            s->high = bits_of(cut[j]);
+            s->weight_high = weight[j];
+        }
+    }
+}
+
+/* Values per step of list_bracket (a multiple of 16). */
+#define LIST_STEP 64
+
+/* The values of LIST_STEP from `at` whose bits are in [from, from + span) appended in order to list[count..];
+ * returns the new count. Byte flags (vectorised), gathered into a 64-bit mask (each 8 flags, read as one
+ * little-endian word, by one multiply), whose set bits are walked: no branch on which values pass. */
+IN_CLONE int64_t list_step(const float *at, uint32_t from, uint32_t span, float *list, int64_t count) {
+    uint8_t in[LIST_STEP];
+    uint64_t group[LIST_STEP / 8], mask = 0;
+    for (int j = 0; j < LIST_STEP; j++) in[j] = bits_of(at[j]) - from < span;
+    memcpy(group, in, sizeof group);
+    for (int g = 0; g < LIST_STEP / 8; g++) mask |= (group[g] * 0x0102040810204080ull >> 56) << (8 * g);
+    for (; mask; mask &= mask - 1) list[count++] = at[__builtin_ctzll(mask)];
+    return count;
+}
+
+/* The values of the row in [low, high) (both >= 0) listed in row order into list (room for n), the row's
+ * weight and the weight of its values >= high summed in double into sums[0] and sums[1]; returns how many
+ * are listed. A step per LIST_STEP values: the two weights in sixteen double lanes each and whether any
+ * value is in the bracket (each loop vectorised), list_step only where one is. */
+IN_CLONE int64_t list_bracket(const float *row, int64_t n, float low, float high, float *list, double *sums) {
+    const uint32_t from = bits_of(low), span = bits_of(high) - from;
+    double all[16] = {0}, above[16] = {0};
+    int64_t count = 0, i = 0;
+    for (; i + LIST_STEP <= n; i += LIST_STEP) {
+        int any = 0;
+        for (int v = 0; v < LIST_STEP; v += 16)
+            for (int lane = 0; lane < 16; lane++) all[lane] += row[i + v + lane];
+        for (int v = 0; v < LIST_STEP; v += 16)
+            for (int lane = 0; lane < 16; lane++) above[lane] += row[i + v + lane] >= high ? row[i + v + lane] : 0.0f;
+        for (int j = 0; j < LIST_STEP; j++) any |= bits_of(row[i + j]) - from < span;
+        if (any) count = list_step(row + i, from, span, list, count);
+    }
+    sums[0] = sums[1] = 0.0;
+    for (; i < n; i++) {
+        sums[0] += row[i];
+        sums[1] += row[i] >= high ? row[i] : 0.0f;
+        list[count] = row[i];
+        count += bits_of(row[i]) - from < span;
+    }
+    for (int lane = 0; lane < 16; lane++) {
+        sums[0] += all[lane];
+        sums[1] += above[lane];
+    }
+    return count;
+}
+
+/* The search's threshold from its final bracket, or -1 where it is not certain: the bracket's values
+ * listed into scratch (scratch_size(n)) with the row's weight and the weight above the bracket
+ * (list_bracket), the target top_p times the former, the values resolved by refine_threshold, whose last
+ * sums give the weight above the threshold t and at it. t is nucleus_threshold's threshold for sure where
+ * those sums miss the target by more than SIFT_MARGIN of the row's weight (see nucleus_sifted). */
+#define SIFT_MARGIN(n) ((4.0 * (double)(n) + 16384.0) * 0x1p-53)
+IN_CLONE float sift_resolve(const float *row, int64_t n, const struct sift_bracket *s, double top_p, float *scratch) {
+    const float low = float_of(s->low), high = float_of(s->high);
+    double sums[2], reached[2];
+    const int64_t count = list_bracket(row, n, low, high, scratch, sums);
+    const double target = top_p * sums[0], margin = SIFT_MARGIN(n) * sums[0];
+    const float threshold = refine_threshold(scratch, count, 1, sums[1], target, 0u, 20, reached);
+    const int inside = sums[0] > 0.0 && threshold >= low && threshold < high;
+    return inside && reached[0] < target - margin && reached[0] + reached[1] >= target + margin ? threshold : -1.0f;
+}
+
+/* nucleus_threshold(row, n, 0, top_p, scratch) of a row of weights in [0, 1] whose largest is 1 (its max
+ * logit finite), from an estimate of the row's weight (exp_row's): a search that narrows a bracket around
+ * the threshold in passes of estimated weights (sift_narrow: the first at CUTS cuts evenly, the next at two
+ * around the interpolated crossing), then lists the bracket's values and resolves them with sums in double
+ * (sift_resolve). Why the same t: every double sum of k non-negative terms either search forms (its
+ * row's weight, a weight above a cut, a running weight of refine_threshold's histograms) is within k ulp
+ * of the exact sum's (k <= n + 3100), and the two targets, top_p times two sums of the row, within
+ * n / 8 + 66 ulp of each other; so where the weight at or above t and the weight above t, as this search
+ * sums them, miss its target by more than SIFT_MARGIN ((4n + 16384) ulp of the row's weight), the exact
+ * weights miss nucleus_threshold's target by more than its own error: it classifies every cut as the
+ * exact weights do (its bracket holds t: a cut at or below t is reached, one above it is not) and its
+ * radix selection over that bracket stops at t's bucket at every level. Elsewhere nucleus_threshold
+ * decides. */
+IN_CLONE float nucleus_sifted(const float *row, int64_t n, double top_p, double estimate, float *scratch) {
+    struct sift_bracket s = sift_start(n, top_p, estimate);
+    for (int pass = 0; pass < SIFT_PASSES && sift_open(&s); pass++) sift_narrow(row, n, pass > 0, &s);
+    const float threshold = sift_resolve(row, n, &s, top_p, scratch);
+    if (threshold >= 0.0f) return threshold;
+    __atomic_fetch_add(&sift_fallbacks, 1, __ATOMIC_RELAXED);
+    return nucleus_threshold(row, n, 0.0f, top_p, scratch);
 }
 
 static void sift_down(float *heap, int64_t size, int64_t at) {
@@ -639,10 +863,15 @@ static float nucleus_of_largest(const float *sorted, int64_t k, int64_t at_least
     return kth;
 }
 
-/* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row). */
-CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch) {
+/* The kept-set threshold of one row: max(k-th largest, nucleus threshold on the top-k-renormalised row).
+ * estimate: the row's weight within ESTIMATE_ERROR where its largest weight is 1 (its max logit finite),
+ * else -1; a row without top-k then sifts for its nucleus (nucleus_sifted). */
+CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float top_p, double rtol, float *scratch,
+                                  double estimate) {
     const int limited = k > 0 && k < n;
     if (!limited && top_p >= 1.0f) return 0.0f;
+    if (!limited && estimate >= 0.5 && sifting)
+        return nucleus_sifted(row, n, (double)top_p * (1.0 - rtol), estimate, scratch);
     if (limited && k <= HEAP_LIMIT) {
         largest_k(row, n, k, scratch);
         const float kth = scratch[0];
@@ -664,13 +893,12 @@ CLONES static float row_threshold(const float *row, int64_t n, int64_t k, float 
  * that a loop over it vectorises: Cody-Waite reduction y = n ln2 + r, a degree-7 polynomial for e^r
  * (Cephes' expf) and 2^n written into the exponent bits, in two steps below 2^-126 so that subnormal
  * results come out as torch's exp gives them. From -104 down (and NaN) the result is 0; y above 88 is
- * clamped there. */
-IN_CLONE float exp_nonpositive(float y) {
-    y = y > -104.0f ? y : -104.0f;
-    y = y < 88.0f ? y : 88.0f;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
-    const float shifted = y * 1.44269504088896341f + shifter;
-    const float n = shifted - shifter;
+ * clamped there. The reduction and the polynomial are exp_reduced's, shared with exp_normal. */
+#define EXP_SHIFTER 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer, kept in the low bits */
+
+/* e^r of the reduction y = n ln2 + r, where shifted = y / ln2 + EXP_SHIFTER holds n in its low bits. */
+IN_CLONE float exp_reduced(float y, float shifted) {
+    const float n = shifted - EXP_SHIFTER;
     const float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -678,11 +906,69 @@ IN_CLONE float exp_nonpositive(float y) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+IN_CLONE float exp_nonpositive(float y) {
+    y = y > -104.0f ? y : -104.0f;
+    y = y < 88.0f ? y : 88.0f;
+    const float shifted = y * 1.44269504088896341f + EXP_SHIFTER;
+    const float p = exp_reduced(y, shifted);
     /* 2^n below the normal floats: 2^(n + 64) times 2^-64; at -104, 2^-150 times e^r < 1 rounds to 0 */
     const int subnormal = y < -87.0f;
-    const uint32_t biased = bits_of(shifted) - bits_of(shifter) + (subnormal ? 191u : 127u);
+    const uint32_t biased = bits_of(shifted) - bits_of(EXP_SHIFTER) + (subnormal ? 191u : 127u);
     return p * float_of(biased << 23) * (subnormal ? 5.42101086e-20f : 1.0f);
+}
+
+/* exp_nonpositive(y) for y in [-87, 0], bit for bit (there the clamps and the subnormal step change
+ * nothing: a product with 1.0f is exact), in about two thirds of its operations. */
+IN_CLONE float exp_normal(float y) {
+    const float shifted = y * 1.44269504088896341f + EXP_SHIFTER;
+    const float p = exp_reduced(y, shifted);
+    return p * float_of((bits_of(shifted) - bits_of(EXP_SHIFTER) + 127u) << 23);
+}
+
+/* Values per step of the exp loops (exp_chunk). */
+#define EXP_CHUNK 64
+
+/* w[i] = exp_nonpositive((x[i] - top) * inverse) for the EXP_CHUNK values from x (w may be x), by
+ * exp_normal where every y of the chunk is in [-87, 0] (the common case), else by exp_nonpositive. A
+ * temperature of 1 (inverse 1) skips the product, which is exact. */
+IN_CLONE void exp_chunk(const float *x, float top, float inverse, float *w) {
+    int normal = 1;
+    if (inverse == 1.0f)
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = x[i] - top;
+    else
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = (x[i] - top) * inverse;
+    for (int i = 0; i < EXP_CHUNK; i++) normal &= w[i] >= -87.0f && w[i] <= 0.0f;
+    if (normal)
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = exp_normal(w[i]);
+    else
+        for (int i = 0; i < EXP_CHUNK; i++) w[i] = exp_nonpositive(w[i]);
+}
+
+/* row[i] = exp_nonpositive((x[i] - top) * inverse) for the row's n values (row may be x), by exp_chunk;
+ * returns their sum within ESTIMATE_ERROR (float lanes of ESTIMATE_RUN values each, added into double).
+ * The values after the last chunk go through a loop of their own, as the whole row once did: the AVX-512
+ * build vectorises its last 8 values in 256-bit registers, where GCC does not contract to FMA (-mavx512f
+ * does not enable FMA there), so that they round unlike the scalar and 512-bit code; a sum in that loop
+ * would make it scalar and change them. */
+IN_CLONE double exp_row(const float *x, int64_t n, float top, float inverse, float *row) {
+    double wide[16] = {0}, sum = 0.0;
+    int64_t i = 0;
+    while (i + EXP_CHUNK <= n) {
+        float lanes[16] = {0};
+        for (int step = 0; step < ESTIMATE_RUN * 16 / EXP_CHUNK && i + EXP_CHUNK <= n; step++, i += EXP_CHUNK) {
+            exp_chunk(x + i, top, inverse, row + i);
+            for (int v = 0; v < EXP_CHUNK; v += 16)
+                for (int lane = 0; lane < 16; lane++) lanes[lane] += row[i + v + lane];
+        }
+        for (int lane = 0; lane < 16; lane++) wide[lane] += lanes[lane];
+    }
+    for (int64_t t = i; t < n; t++) row[t] = exp_nonpositive((x[t] - top) * inverse);
+    for (; i < n; i++) sum += row[i];
+    for (int lane = 0; lane < 16; lane++) sum += wide[lane];
+    return sum;
 }
 
 /* The largest value of the row, NaN skipped (a comparison with NaN is false); -inf when there is none. */
@@ -741,11 +1027,9 @@ IN_CLONE void keep_at_least(float *row, int64_t n, float threshold, int64_t bloc
  * scratch_size(n) floats. */
 IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
-    float top = row_max(x, n);
-    top = isfinite(top) ? top : 0.0f;
-    const float inverse = 1.0f / temperature;
-    for (int64_t i = 0; i < n; i++) row[i] = exp_nonpositive((x[i] - top) * inverse);
-    float threshold = row_threshold(row, n, k, top_p, rtol, scratch);
+    const float largest = row_max(x, n), top = isfinite(largest) ? largest : 0.0f;
+    const double estimate = exp_row(x, n, top, 1.0f / temperature, row);
+    float threshold = row_threshold(row, n, k, top_p, rtol, scratch, isfinite(largest) ? estimate : -1.0);
     if (min_p) {
         const float ratio = (float)((double)*min_p * (1.0 - rtol));
         if (ratio > threshold) threshold = ratio;
@@ -1180,6 +1464,31 @@ CLONES static int64_t weigh_kept(const float *x, const struct chain_rows *rules,
     return -1;
 }
 
+/* The sum of exp_nonpositive((x[i] - top) * inverse) over [start, end) as keep_at_least sums a block of
+ * weights: sixteen float lanes, the tail in double, then the lanes. A step of EXP_CHUNK values whose y
+ * are all in [-87, 0] is weighed by exp_normal (as exp_chunk does, without storing the weights). */
+IN_CLONE double exp_block_sum(const float *x, int64_t start, int64_t end, float top, float inverse) {
+    float lanes[16] = {0}, y[EXP_CHUNK];
+    int64_t i = start;
+    for (; i + EXP_CHUNK <= end; i += EXP_CHUNK) {
+        int normal = 1;
+        for (int j = 0; j < EXP_CHUNK; j++) y[j] = (x[i + j] - top) * inverse;
+        for (int j = 0; j < EXP_CHUNK; j++) normal &= y[j] >= -87.0f && y[j] <= 0.0f;
+        if (normal)
+            for (int v = 0; v < EXP_CHUNK; v += 16)
+                for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_normal(y[v + lane]);
+        else
+            for (int v = 0; v < EXP_CHUNK; v += 16)
+                for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive(y[v + lane]);
+    }
+    for (; i + 15 < end; i += 16)
+        for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive((x[i + lane] - top) * inverse);
+    double sum = 0.0;
+    for (; i < end; i++) sum += exp_nonpositive((x[i] - top) * inverse);
+    for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
+    return sum;
+}
+
 /* The draw of an untruncated row (temperature only: no top-k, top-p or min-p; not greedy) without writing
  * its weights out: the block sums of w = exp((x - max) / T), as weigh_dense and keep_at_least make them,
  * in one pass over the logits, then the weights of the one block the draw lands in, written to row (x may
@@ -1192,16 +1501,8 @@ IN_CLONE int64_t draw_untruncated(const float *x, int64_t n, float temperature, 
     const int64_t blocks = (n + block - 1) / block;
     double total = 0.0;
     for (int64_t start = 0, b = 0; start < n; start += block, b++) {
-        const int64_t end = start + block < n ? start + block : n;
-        float lanes[16] = {0};
-        int64_t i = start;
-        for (; i + 15 < end; i += 16)
-            for (int lane = 0; lane < 16; lane++) lanes[lane] += exp_nonpositive((x[i + lane] - top) * inverse);
-        double sum = 0.0;
-        for (; i < end; i++) sum += exp_nonpositive((x[i] - top) * inverse);
-        for (int lane = 0; lane < 16; lane++) sum += lanes[lane];
-        sums[b] = sum;
-        total += sum;
+        sums[b] = exp_block_sum(x, start, start + block < n ? start + block : n, top, inverse);
+        total += sums[b];
     }
     double before;
     const int64_t chosen = choose_block(sums, blocks, uniform * total, &before);

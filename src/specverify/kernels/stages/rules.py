@@ -125,11 +125,11 @@ def block_verdict(
     at_draft = target_weights[:, :positions].gather(-1, _draft_column(draft))[..., 0]
     p_draft, q_draft, mode = draft_probabilities(draft, at_draft, target_mass, draft_probs)
     joint = joint_ratios(p_draft, q_draft)
-    residual_masses = _residual_masses(target_weights, target_mass, draft_probs, joint, mode, p_draft)
+    scaled_q = draft_probs.float() * _inverse(joint[:, :positions], mode)[..., None]  # q / P_i: [B, K, V]
+    residual_masses = _residual_masses(target_weights, target_mass, scaled_q, joint, mode, p_draft)
     kept = kept_prefixes(draft, joint, p_draft, q_draft, residual_masses, accept_uniforms)
     longest = torch.where(kept, torch.arange(1, positions + 1, device=draft.device), 0).amax(-1, keepdim=True)
     accepted = torch.arange(positions, device=draft.device) < longest
-    scaled_q = draft_probs.float() * _inverse(joint[:, :positions], mode)[..., None]
     drawn = recovery_draw(ops, target_weights, target_sums, target_mass, scaled_q, draft, mode, residual_uniforms)
     return accepted, torch.where(accepted, draft, drawn)
 
@@ -154,17 +154,17 @@ def _inverse(joint: torch.Tensor, mode: torch.Tensor) -> torch.Tensor:
 def _residual_masses(
     target_weights: torch.Tensor,
     target_mass: torch.Tensor,
-    draft_probs: torch.Tensor,
+    scaled_q: torch.Tensor,
     joint: torch.Tensor,
     mode: torch.Tensor,
     p_draft: torch.Tensor,
 ) -> torch.Tensor:
     """R_i = sum_x max(0, P_i p~_i(x) - q_i(x)) at each position (float64 [B, K]): P_i times the mass of
     max(0, p~_i - q_i / P_i) as recover_rows draws it, P_i (1 - p~_i(d)) where q_i(d) == 0 (q_i is the
-    point mass at d). p_draft: float64 [B, K], p~_i(d) from draft_probabilities."""
-    positions = draft_probs.shape[1]
+    point mass at d). scaled_q: float32 [B, K, V], q / P_i (q where not FROM_RESIDUAL); p_draft: float64
+    [B, K], p~_i(d) from draft_probabilities."""
+    positions = scaled_q.shape[1]
     target_probs = target_weights[:, :positions] / target_mass[..., None].float()
-    scaled_q = draft_probs.float() * _inverse(joint[:, :positions], mode)[..., None]
     residual = (target_probs - scaled_q).clamp(min=0).sum(-1, dtype=torch.float64)
     residual = torch.where(mode == WITHOUT_DRAFT, (1 - p_draft).clamp(min=0), residual)
     return joint[:, :positions] * residual

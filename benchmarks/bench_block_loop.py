@@ -87,11 +87,13 @@ def run(loaded, draft, ids, temperature: float, k: int, max_tokens: int, seed: i
     )
     seconds = time.perf_counter() - start
     return {
-        "tokens": len(result.tokens[0]),
+        "tokens": result.num_tokens,
+        "steps": result.row_steps,
+        "seconds": seconds,
         "tokens_per_step": result.tokens_per_step,
         "accepted": sum(result.accepted),
         "drafted": sum(result.drafted),
-        "tokens_per_second": len(result.tokens[0]) / seconds,
+        "tokens_per_second": result.num_tokens / seconds,
     }
 
 
@@ -101,7 +103,8 @@ def spread(values: list[float]) -> list[float]:
 
 
 def measure(loaded, draft, ids, temperature: float, args) -> dict:
-    """`args.repeats` rounds of both rules -> per rule its medians, and the block / token ratios' spread."""
+    """`args.repeats` rounds of both rules -> per rule its medians, the block / token ratios' spread over
+    rounds, and the pooled ratios (all rounds' tokens over all their steps, or seconds, per rule)."""
     rounds = []
     for seed in range(args.repeats):
         rounds.append(
@@ -113,6 +116,21 @@ def measure(loaded, draft, ids, temperature: float, args) -> dict:
     }
     for key in ("tokens_per_step", "tokens_per_second"):
         out[f"block_over_token_{key}"] = spread([r["block"][key] / r["token"][key] for r in rounds])
+    pooled = {
+        rule: {key: sum(r[rule][key] for r in rounds) for key in ("tokens", "steps", "seconds")} for rule in RULES
+    }
+    out["pooled_block_over_token"] = {
+        "tokens_per_step": round(
+            (pooled["block"]["tokens"] / pooled["block"]["steps"])
+            / (pooled["token"]["tokens"] / pooled["token"]["steps"]),
+            3,
+        ),
+        "tokens_per_second": round(
+            (pooled["block"]["tokens"] / pooled["block"]["seconds"])
+            / (pooled["token"]["tokens"] / pooled["token"]["seconds"]),
+            3,
+        ),
+    }
     out["acceptance"] = {
         rule: sum(r[rule]["accepted"] for r in rounds) / max(1, sum(r[rule]["drafted"] for r in rounds))
         for rule in RULES
@@ -142,16 +160,21 @@ def main() -> None:
         f"{loaded.source}, draft: {described}; K = {args.k}, {args.max_tokens} tokens, "
         f"{args.repeats} rounds, {args.threads} thread(s); block / token ratios min / median / max over rounds"
     )
-    print(f"{'example':9} {'T':>4} {'accept tok':>10} {'accept blk':>10} {'tok/step ratio':>20} {'tok/s ratio':>20}")
+    print(
+        f"{'example':9} {'T':>4} {'accept tok':>10} {'accept blk':>10} {'tok/step ratio':>20} {'pooled':>6} "
+        f"{'tok/s ratio':>20} {'pooled':>6}"
+    )
     results = {}
     for name in args.examples.split(","):
         ids = loaded.tokenizer.encode_chat(EXAMPLES[name])
         for temperature in (float(t) for t in args.temperatures.split(",")):
             row = measure(loaded, draft, ids, temperature, args)
             per_step, per_second = row["block_over_token_tokens_per_step"], row["block_over_token_tokens_per_second"]
+            pooled = row["pooled_block_over_token"]
             print(
                 f"{name:9} {temperature:4.1f} {row['acceptance']['token']:10.3f} {row['acceptance']['block']:10.3f} "
-                f"{'{:.3f}/{:.3f}/{:.3f}'.format(*per_step):>20} {'{:.3f}/{:.3f}/{:.3f}'.format(*per_second):>20}",
+                f"{'{:.3f}/{:.3f}/{:.3f}'.format(*per_step):>20} {pooled['tokens_per_step']:6.3f} "
+                f"{'{:.3f}/{:.3f}/{:.3f}'.format(*per_second):>20} {pooled['tokens_per_second']:6.3f}",
                 flush=True,
             )
             results[f"{name}@T={temperature}"] = row

@@ -116,20 +116,16 @@ def measure(loaded, draft, ids, temperature: float, args) -> dict:
     }
     for key in ("tokens_per_step", "tokens_per_second"):
         out[f"block_over_token_{key}"] = spread([r["block"][key] / r["token"][key] for r in rounds])
-    pooled = {
+    totals = {
         rule: {key: sum(r[rule][key] for r in rounds) for key in ("tokens", "steps", "seconds")} for rule in RULES
     }
     out["pooled_block_over_token"] = {
-        "tokens_per_step": round(
-            (pooled["block"]["tokens"] / pooled["block"]["steps"])
-            / (pooled["token"]["tokens"] / pooled["token"]["steps"]),
+        f"tokens_per_{unit}": round(
+            (totals["block"]["tokens"] / totals["block"][f"{unit}s"])
+            / (totals["token"]["tokens"] / totals["token"][f"{unit}s"]),
             3,
-        ),
-        "tokens_per_second": round(
-            (pooled["block"]["tokens"] / pooled["block"]["seconds"])
-            / (pooled["token"]["tokens"] / pooled["token"]["seconds"]),
-            3,
-        ),
+        )
+        for unit in ("step", "second")
     }
     out["acceptance"] = {
         rule: sum(r[rule]["accepted"] for r in rounds) / max(1, sum(r[rule]["drafted"] for r in rounds))

@@ -21,9 +21,11 @@ The last line printed is one JSON object with every number.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -247,6 +249,25 @@ def engine_worker(config: dict) -> dict:
     return results
 
 
+def run_engine(command: list[str], folder: str, env: dict, log: Path, timeout: float) -> None:
+    """Run one engine worker in its own session, its output (and every vLLM worker's) into `log`. Past
+    `timeout` seconds, SIGABRT to the whole session: PYTHONFAULTHANDLER makes every process write each
+    thread's stack to the log (where a stalled engine waits), then SIGKILL leaves no worker spinning."""
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, cwd=folder, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=sink,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"engine timed out after {timeout:.0f} s: stacks of every process in {log}", flush=True)
+            os.killpg(process.pid, signal.SIGABRT)
+            time.sleep(10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 def speculation(method: str | None, model: Path) -> dict | None:
     """vLLM's speculative_config for a method of ENGINES (None: plain decoding)."""
     if method is None:
@@ -281,12 +302,17 @@ def bench_end_to_end(
     batches: tuple = BATCHES,
     settings: tuple = tuple(SETTINGS),
     tensor_parallel: int = 1,
+    engine_timeout: float = 3600.0,
+    logs: Path | None = None,
 ) -> dict:
     """Every engine of ENGINES in turn, `cycles` times (engines alternate, so that a busier moment of the
     machine does not fall on one of them only); per engine and setting the median of the cycles' medians.
     batches: the batch sizes (the first n prompts); settings: names of SETTINGS; tensor_parallel: workers
-    (each bound to one core of VLLM_CPU_OMP_THREADS_BIND)."""
+    (each bound to one core of VLLM_CPU_OMP_THREADS_BIND); engine_timeout: seconds an engine may run before
+    its processes' stacks are dumped and it is killed; logs: a folder that keeps each engine's log."""
     results = {}
+    if logs:
+        logs.mkdir(parents=True, exist_ok=True)
     for cycle, (name, (plugin, method)) in ((c, e) for c in range(cycles) for e in ENGINES.items() if e[0] in engines):
         env = {**os.environ, **NETWORK}
         env.pop("SPECVERIFY_VLLM", None)
@@ -300,11 +326,12 @@ def bench_end_to_end(
         with tempfile.TemporaryDirectory() as folder:
             job, out = Path(folder) / "job.json", Path(folder) / "out.json"
             job.write_text(json.dumps(config))
+            log = Path(logs or folder) / f"cycle{cycle}-{re.sub(r'[^a-z0-9]+', '-', name)}.log"
             began = time.perf_counter()
-            done = subprocess.run([sys.executable, __file__, "--engine-worker", str(job), str(out)], cwd=folder,
-                                  env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-            if done.returncode != 0 or not out.exists():
-                sys.exit(f"engine {name!r} failed:\n{done.stdout[-5000:]}")
+            run_engine([sys.executable, __file__, "--engine-worker", str(job), str(out)], folder, env, log,
+                       engine_timeout)  # fmt: skip
+            if not out.exists():
+                sys.exit(f"engine {name!r} wrote no result; its log ({log}) ends:\n{log.read_text()[-5000:]}")
             measured = json.loads(out.read_text())
         for setting, row in measured.items():
             if cycle:
@@ -370,6 +397,10 @@ def main() -> None:
         "--model", type=Path, default=None, help="a transformers model folder (default: SmolLM2 from our cache)"
     )
     parser.add_argument("--tensor-parallel", type=int, default=1, help="workers end to end (default 1)")
+    parser.add_argument(
+        "--engine-timeout", type=float, default=3600, help="seconds before a stalled engine is dumped and killed"
+    )
+    parser.add_argument("--logs", type=Path, default=None, help="a folder to keep each engine's log in")
     parser.add_argument("--engine-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine_worker:
@@ -393,6 +424,8 @@ def main() -> None:
             tuple(int(b) for b in args.batches.split(",")),
             tuple(s.strip() for s in args.settings.split(";")),
             args.tensor_parallel,
+            args.engine_timeout,
+            args.logs,
         )
     print(json.dumps(report))
 

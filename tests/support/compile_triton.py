@@ -3,16 +3,19 @@ process where TRITON_INTERPRET is not set: the interpreter's kernels cannot be c
 
     python tests/support/compile_triton.py 90 80                     # every variant (verify_flags), for these capabilities
     python tests/support/compile_triton.py 90 80 --representative    # each kernel once, every code path switched on
+    python tests/support/compile_triton.py 90 --rest                 # every variant but the representative ones
 
 Each kernel is compiled (to PTX and a cubin) from an `ASTSource` for `GPUTarget("cuda", cap, 32)` with
 the argument types and constexpr values the launchers use (kernels/triton/__init__.py), for every input
 dtype and flag combination, so code that the interpreter accepts but the compiler rejects fails here.
-Exit status 0 when all compiled, 1 otherwise (the first error printed).
+The compiles run in one process per core the script may use (at most 4). Exit status 0 when all compiled,
+1 otherwise (the first error printed).
 """
 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import sys
 import time
@@ -206,24 +209,47 @@ REPRESENTATIVE = (
 )
 
 
-def compile_all(capabilities: list[int], representative: bool = False) -> int:
-    """Compile every variant (or the REPRESENTATIVE ones) for each capability; returns the count."""
-    count = 0
-    for name, kernel, signature, constexprs in variants():
-        if representative and name not in REPRESENTATIVE:
-            continue
-        signature = {**signature, **{key: "constexpr" for key in constexprs}}
-        source = ASTSource(kernel, signature=signature, constexprs=constexprs)
-        for capability in capabilities:
-            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
-            assert compiled.asm.get("cubin"), f"{name}: no cubin for sm_{capability}"
-            count += 1
-            print(f"compiled {name} for sm_{capability}", flush=True)
-    return count
+def _compile_one(job: tuple[str, int]) -> str:
+    """Compile the variant named `name` for sm_`capability` (in a worker process); returns the line to print."""
+    name, capability = job
+    kernel, signature, constexprs = next((k, s, c) for n, k, s, c in variants() if n == name)
+    signature = {**signature, **{key: "constexpr" for key in constexprs}}
+    compiled = triton.compile(
+        ASTSource(kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", capability, 32)
+    )
+    assert compiled.asm.get("cubin"), f"{name}: no cubin for sm_{capability}"
+    return f"compiled {name} for sm_{capability}"
+
+
+def chosen(capabilities: list[int], selection: str) -> list[tuple[str, int]]:
+    """(variant name, capability) for each compile: every variant ("all"), the REPRESENTATIVE ones, or every
+    variant but those ("rest": what a run of the representative ones leaves)."""
+    names = [name for name, *_ in variants()]
+    if selection == "representative":
+        names = [name for name in names if name in REPRESENTATIVE]
+    elif selection == "rest":
+        names = [name for name in names if name not in REPRESENTATIVE]
+    return [(name, capability) for name in names for capability in capabilities]
+
+
+def compile_all(capabilities: list[int], selection: str = "all", jobs: int = 1) -> int:
+    """Compile the chosen variants for each capability in `jobs` processes (a variant of the whole-call
+    kernel takes about 20 s of one core: the compiles are independent); returns the count."""
+    work = chosen(capabilities, selection)
+    if jobs <= 1:
+        for line in map(_compile_one, work):
+            print(line, flush=True)
+        return len(work)
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for line in pool.imap_unordered(_compile_one, work):
+            print(line, flush=True)
+    return len(work)
 
 
 if __name__ == "__main__":
     started = time.time()
     caps = [int(c) for c in sys.argv[1:] if c.isdigit()] or [90, 80]
-    total = compile_all(caps, representative="--representative" in sys.argv)
-    print(f"{total} kernel variants compiled in {time.time() - started:.1f} s")
+    selection = next((flag[2:] for flag in sys.argv[1:] if flag in ("--representative", "--rest")), "all")
+    workers = min(len(os.sched_getaffinity(0)), 4)
+    total = compile_all(caps, selection, jobs=workers)
+    print(f"{total} kernel variants compiled in {time.time() - started:.1f} s ({workers} processes)")

@@ -5,7 +5,8 @@ speculation and logit_bias refused; penalties and a grammar (regex) hold under s
 an n = 4 request are the requests with seeds seed + i, differ, and draw independently (SPEC §4
 `request_seed`); a draft model (the target as its own greedy draft) commits every seeded request's plain
 tokens; with sampled drafts from a draft whose q differs from p, 300 seeded runs of one prompt are
-distributed as without speculation, where stock vLLM's are not (chi-square); stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
+distributed as without speculation, where stock vLLM's are not (chi-square); an EAGLE head written here
+does the same through vLLM's EAGLE proposer (greedy drafts: plain tokens; sampled: the chi-square); stock vLLM is untouched without SPECVERIFY_VLLM=1; unsupported options fail the start
 naming the option. Each engine runs its whole workload once (module fixtures, one engine at
 a time) and the tests compare the recorded outputs.
 """
@@ -53,6 +54,11 @@ MIXED = [
 ]
 EOS = 2  # SmolLM2's <|im_end|>
 UNSEEDED = ("Tell me a joke.", {"temperature": 0.8, "max_tokens": 16})
+#: Requests whose text repeats, where the EAGLE head (eagle_head) drafts well (greedy and seeded sampled).
+REPEATS = [
+    ("Write the letter a ten times: a a a a", {"temperature": 0.0, "max_tokens": 24}),
+    ("Say hello again and again: hello hello hello hello", {"temperature": 0.8, "seed": 21, "max_tokens": 24}),
+]
 #: n = 4 children (vLLM seeds child i with seed + i): P requests of coin flips, each token " H" or " T"
 #: (allowed_token_ids), whose chances barely move from one flip to the next, so that children sharing
 #: keys at shifted positions would show it; and one free request whose four children must differ.
@@ -166,7 +172,7 @@ def speculative(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> dict:
     """The plug-in on, no speculation."""
-    workload = {**_workload(solo=False), **_stat_batches(10**6)}  # seeds apart from the speculative runs'
+    workload = {**_workload(solo=False), **_stat_batches(10**6), "repeats": _batch(REPEATS)}  # stat: seeds apart
     return _engine(tmp_path_factory, "plugin-plain", None, True, workload)
 
 
@@ -460,6 +466,80 @@ def test_a_draft_model_gives_every_seeded_request_its_tokens_without_speculation
     ours, reference = _ids(draft_model, "mixed"), _ids(plain, "mixed")
     for index, (_, params) in enumerate(MIXED):
         assert len(reference[index]) >= 8 and ours[index] == reference[index], f"request {index} {params}"
+
+
+@pytest.fixture(scope="module")
+def eagle_head(tmp_path_factory):
+    """An EAGLE-1 head for the target, in the format vLLM's EagleLlamaForCausalLM loads (`fc` over [token
+    embedding, target hidden state], one decoder layer without input norm, the target's tied head): fc passes
+    the hidden state through and the layer adds nothing (its attention and MLP outputs zeroed), so at each
+    step the head's logits are the target's at the position before. Its drafts are what the target gave one
+    position earlier: accepted where text repeats, a q unlike p elsewhere. Untrained, but vLLM's EAGLE
+    proposer runs it as any head (its own KV cache, the target's hidden states handed over each step)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target, folder = support.model_folder(), tmp_path_factory.mktemp("eagle-head")
+    weights = load_file(target / "model.safetensors")
+    hidden = weights["model.norm.weight"].shape[0]
+    head = {"fc.weight": torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)}
+    last = "model.layers.29."  # any layer: its outputs are zeroed
+    for name, value in weights.items():
+        if name.startswith(last) and "input_layernorm" not in name:
+            zeroed = name.endswith(("o_proj.weight", "down_proj.weight"))
+            head["layers.0." + name.removeprefix(last)] = torch.zeros_like(value) if zeroed else value.contiguous()
+    save_file(head, folder / "model.safetensors", metadata={"format": "pt"})
+    config = {**json.loads((target / "config.json").read_text()), "num_hidden_layers": 1}
+    (folder / "config.json").write_text(json.dumps(config))
+    for item in target.iterdir():
+        if item.name.startswith(("tokenizer", "chat_template", "generation")):
+            (folder / item.name).symlink_to(item)
+    return folder
+
+
+def _eagle(head, **options) -> dict:
+    return {"method": "eagle", "model": str(head), "num_speculative_tokens": 3, **options}
+
+
+@pytest.fixture(scope="module")
+def eagle(tmp_path_factory, eagle_head) -> dict:
+    """The plug-in on, method="eagle" with the head above, greedy drafts (argmax mode), k = 3."""
+    workload = {"mixed": _workload(solo=False)["mixed"], "repeats": _batch(REPEATS)}
+    return _engine(tmp_path_factory, "plugin-eagle", _eagle(eagle_head), True, workload)
+
+
+@pytest.fixture(scope="module")
+def eagle_sampled(tmp_path_factory, eagle_head) -> dict:
+    """The plug-in on, the EAGLE head's drafts sampled (draft_sample_method="probabilistic": sampled mode)."""
+    speculative = _eagle(eagle_head, draft_sample_method="probabilistic")
+    return _engine(tmp_path_factory, "plugin-eagle-sampled", speculative, True, _stat_batches(0))
+
+
+def test_an_eagle_head_gives_every_seeded_request_its_tokens_without_speculation(eagle, plain):
+    """method="eagle" (vLLM's EAGLE proposer, which hands the target's hidden states to a head) with greedy
+    drafts: drafts proposed and accepted in both batches (few in the mixed one: 4 of 615 draft tokens when
+    measured; most in the repeating one), and each seeded request commits its plain tokens."""
+    support.assert_hooked_in_every_worker(eagle)
+    assert "EAGLE drafter KV cache initialized" in eagle["output"]  # vLLM's EAGLE proposer ran the head
+    for batch, requests in (("mixed", MIXED), ("repeats", REPEATS)):
+        support.assert_speculated(eagle, batch)
+        ours, reference = _ids(eagle, batch), _ids(plain, batch)
+        print(f"EAGLE greedy drafts, {batch}: {eagle['spec_decode'][batch]}")  # for the record (-s)
+        for index, (_, params) in enumerate(requests):
+            assert len(reference[index]) >= 8 and ours[index] == reference[index], f"{batch} {index} {params}"
+
+
+def test_sampled_drafts_from_an_eagle_head_give_the_targets_distribution(eagle_sampled, plain):
+    """The EAGLE head with draft_sample_method="probabilistic": the 300 seeded runs of the draft-model test
+    below, the same chi-square against the engine without speculation, drafts accepted and rejected."""
+    counters = _stat_counters(eagle_sampled)
+    assert counters["draft_tokens"] > 0 and 0 < counters["accepted_tokens"] < counters["draft_tokens"], counters
+    support.assert_hooked_in_every_worker(eagle_sampled)
+    p_values = _p_values(eagle_sampled, plain)
+    assert min(p_values.values()) > STAT_LEVEL / len(STAT_POSITIONS), p_values
+    print(f"EAGLE sampled drafts: {counters}, p-values {p_values}")  # for the record (-s)
 
 
 def _stat_names(result: dict) -> list[str]:

@@ -151,6 +151,47 @@ def test_argmax_is_the_first_largest_and_never_nan(vocab, dtype):
     assert native.argmax_rows(rows).tolist() == expected
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("vocab", [20000, 128256])
+def test_greedy_rows_split_between_threads_give_the_first_largest(vocab, threads):
+    """A call of few greedy float32 rows (here 5 and 10: fewer than four a thread) splits each row's argmax
+    scan between the threads (kernels.c's split_greedy_rows) and meets the parts in order: every row's token
+    is still the first largest, NaN never winning, 0 when nothing beats -inf — with the largest tied across
+    the parts, in the last part only, at a part's first value, in the tail, beside NaN."""
+    import specverify as sv
+
+    g = torch.Generator().manual_seed(vocab + threads)
+    for requests in (1, 2):
+        rows = torch.randint(-3, 3, (requests * 5, vocab), generator=g).float()
+        rows[0, [vocab // 4, 3 * vocab // 4]] = 9.0  # tied in the first and the last part: the first
+        rows[1, -1] = 9.0  # the largest last
+        rows[2] = float("nan")
+        rows[2, vocab // 2 + 1] = -2.0  # NaN everywhere else, the value in the second half
+        rows[3] = float("-inf")  # nothing beats -inf: 0
+        rows[4, vocab // threads * (threads - 1) :] = 4.0  # tied across the last part
+        rows[4, :: vocab // 7] = float("nan")
+        expected = torch.tensor([_first_argmax(row) for row in rows.tolist()]).view(requests, 5)
+        args = dict(
+            draft_tokens=expected[:, :4].clone(),
+            target_logits=rows.view(requests, 5, vocab),
+            temperature=torch.zeros(requests),
+            top_k=torch.full((requests,), -1),
+            max_k=None,
+            top_p=torch.ones(requests),
+            min_top_p=None,
+            seed=7,
+            validate=False,
+        )
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            first, recovered, bonus = sv.stochastic_acceptance_sampler(**args)
+        finally:
+            torch.set_num_threads(previous)
+        assert torch.equal(torch.cat([recovered, bonus], 1), expected), (requests, vocab, threads)
+        assert first.tolist() == [4] * requests
+
+
 def _shared_seed(kind: str, requests: int, g: torch.Generator):
     """A seed of the given kind (SPEC §4): an int or 0-d / [1] tensor shared by the batch, or one per request."""
     value = int(torch.randint(-(2**63), 2**63 - 1, (), generator=g))

@@ -978,23 +978,57 @@ IN_CLONE float row_max(const float *row, int64_t n) {
     return lanes_max(lanes);
 }
 
+/* The threads of the calling thread's team (1 without OpenMP). */
+static inline int64_t team_size(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Part `part` of `parts` of a row's argmax scan: over its share of the row's blocks of STRIPE_BLOCK values
+ * (in order), the largest value (*best, NaN skipped, -inf when none) and the start of the first block
+ * that holds it (*from; 0 when none). */
+IN_CLONE void largest_block(const float *row, int64_t n, int64_t part, int64_t parts, float *best, int64_t *from) {
+    const int64_t blocks = (n + STRIPE_BLOCK - 1) / STRIPE_BLOCK;
+    float lanes[STREAM_LANES];
+    *best = -INFINITY;
+    *from = 0;
+    for (int64_t k = blocks * part / parts; k < blocks * (part + 1) / parts; k++) {
+        const int64_t start = k * STRIPE_BLOCK;
+        lane_maxima(row, start, start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n, lanes);
+        const float top = lanes_max(lanes);
+        if (top > *best) {
+            *best = top;
+            *from = start;
+        }
+    }
+}
+
+/* The row's argmax from the largest_block results of its `parts` parts, met in order (the first part
+ * holding the largest wins), then that block searched for its first occurrence; 0 when nothing beats -inf. */
+static int64_t first_of_largest(const float *row, const float *best, const int64_t *from, int64_t parts) {
+    float top = -INFINITY;
+    int64_t at = 0;
+    for (int64_t part = 0; part < parts; part++)
+        if (best[part] > top) {
+            top = best[part];
+            at = from[part];
+        }
+    if (!(top > -INFINITY)) return 0;
+    while (!(row[at] == top)) at++;
+    return at;
+}
+
 /* Index of the row's largest value: lowest index on ties, NaN never wins, 0 when nothing beats -inf.
  * One streaming scan remembers the first block of STRIPE_BLOCK values that holds the largest; that block
  * alone (in cache) is then searched for its first occurrence. */
 IN_CLONE int64_t row_argmax(const float *row, int64_t n) {
-    float best = -INFINITY, lanes[STREAM_LANES];
-    int64_t from = 0;
-    for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
-        lane_maxima(row, start, start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n, lanes);
-        const float top = lanes_max(lanes);
-        if (top > best) {
-            best = top;
-            from = start;
-        }
-    }
-    if (!(best > -INFINITY)) return 0;
-    while (!(row[from] == best)) from++;
-    return from;
+    float best;
+    int64_t from;
+    largest_block(row, n, 0, 1, &best, &from);
+    return first_of_largest(row, &best, &from, 1);
 }
 
 /* Zero the weights below the threshold (and NaN) and write the sum of each block of `block` kept
@@ -1627,6 +1661,41 @@ IN_CLONE void draw_row(const struct draw_args *a, int64_t r, struct row_buffers 
     if (recovers) hand_over(a, r, b * drafted + j, key, count, w, held);
 }
 
+/* Whether row r of a chain call is greedy (its request's temperature below greedy_below). */
+static inline int greedy_row(const struct chain_rows *rules, int64_t r) {
+    return rules->temperature[r / rules->per_position] < rules->greedy_below;
+}
+
+/* At most this many (row, part) tasks of split_greedy_rows. */
+#define SPLIT_TASKS 256
+
+/* Parts to split each greedy row of an argmax-mode draw_rows call into (1: not split): one a thread, where
+ * few float32 rows would leave the team unevenly loaded (5 rows on 2 threads: one thread argmaxes 3). */
+static int64_t greedy_parts(const struct draw_args *a, int64_t rows) {
+    const int64_t team = team_size();
+    const int few = team > 1 && rows < 4 * team && rows * team <= SPLIT_TASKS && rows * a->rows.n >= PARALLEL_WORK;
+    if (!few || a->draft != NULL || a->rows.dtype != FLOAT32) return 1;
+    for (int64_t r = 0; r < rows; r += a->rows.per_position)
+        if (greedy_row(&a->rows, r)) return team;
+    return 1;
+}
+
+/* The tokens of the greedy rows of draw_rows (its argmax mode, float32 logits), each row's argmax scan
+ * split into `parts` tasks (largest_block) met by first_of_largest: row_argmax's token. Run by every
+ * thread of draw_rows' team; best, from: room for rows * parts results. */
+IN_CLONE void split_greedy_rows(const struct draw_args *a, int64_t rows, int64_t parts, float *best, int64_t *from) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t n = rules->n;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < rows * parts; t++)
+        if (greedy_row(rules, t / parts))
+            largest_block((const float *)rules->logits + t / parts * n, n, t % parts, parts, best + t, from + t);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        if (greedy_row(rules, r))
+            a->tokens[r] = first_of_largest((const float *)rules->logits + r * n, best + r * parts, from + r * parts, parts);
+}
+
 /* The target draws of the stochastic rows of a verifier call (SPEC §2, §4; struct draw_args), the weights
  * never written out unless asked for: per row, its truncated weights as weigh_rows makes them, then the
  * inverse-CDF draw with the keyed uniform of key s_b + j (request_seed) and the target stream's salt, the
@@ -1637,15 +1706,17 @@ IN_CLONE void draw_row(const struct draw_args *a, int64_t r, struct row_buffers 
 CLONES int64_t draw_rows(const struct draw_args *a) {
     const struct chain_rows *rules = &a->rows;
     const int64_t n = rules->n, blocks = (n + rules->block - 1) / rules->block;
-    const int64_t rows = rules->requests * rules->per_position;
-    int64_t refused = 0;
+    const int64_t rows = rules->requests * rules->per_position, parts = greedy_parts(a, rows);
+    float part_best[SPLIT_TASKS];
+    int64_t part_from[SPLIT_TASKS], refused = 0;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
+    if (parts > 1) split_greedy_rows(a, rows, parts, part_best, part_from);
     struct row_buffers buffers = row_buffers_of(n, blocks, &refused);
     const int ready = row_buffers_ready(&buffers);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; r++)
-        if (ready) draw_row(a, r, &buffers);
+        if (ready && !(parts > 1 && greedy_row(rules, r))) draw_row(a, r, &buffers);
     free_row_buffers(&buffers);
     }
     if (a->first && !refused) first_rejections(a->proposed, a->tokens, rules->requests, rules->per_position, n, a->first);
@@ -2023,14 +2094,6 @@ static __attribute__((noinline)) int prefix_kept(const struct verdict_buffers *v
     return joint[i] >= 1.0 || u * (residual + 1.0 - joint[i]) < residual;
 }
 
-/* The threads of the calling thread's team (1 without OpenMP). */
-static inline int64_t team_size(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 
 /* Stage of draw_block_verdicts, each request's judge before any draw: its joint ratios (block_ratios);
  * tau = gamma where every draft is kept (or there is none), else not known yet (-1); nothing drawn yet. */

@@ -2094,7 +2094,6 @@ static __attribute__((noinline)) int prefix_kept(const struct verdict_buffers *v
     return joint[i] >= 1.0 || u * (residual + 1.0 - joint[i]) < residual;
 }
 
-
 /* Stage of draw_block_verdicts, each request's judge before any draw: its joint ratios (block_ratios);
  * tau = gamma where every draft is kept (or there is none), else not known yet (-1); nothing drawn yet. */
 static void start_blocks(const struct sampled_verdict_args *a, struct verdict_buffers *v, struct block_state *s) {

@@ -1,7 +1,7 @@
 """(slow) vLLM's OpenAI-compatible server with the plug-in on and n-gram speculation, started on a loopback port
 by this module and stopped at its end: real /v1/completions answers; a bounded load test where 36 concurrent
-seeded requests with mixed parameters (at least 32 running at once) all complete and each gives the token
-ids it gives alone; requests with bad parameters get vLLM's 4xx while the server keeps serving; top-k, min-p
+seeded requests with mixed parameters (at least 32 in flight at once, none ending early) all complete and
+each gives the token ids it gives alone; requests with bad parameters get vLLM's 4xx while the server keeps serving; top-k, min-p
 and top-p are honoured by their effect (every sampled token inside the set its parameter keeps, judged from
 raw logprobs at T = 1).
 """
@@ -41,11 +41,13 @@ REQUEST_TIMEOUT = 240  # seconds, per request
 
 
 def _load_requests() -> list[dict]:
-    """LOAD seeded requests, each prompt with each parameter set in turn, lengths 8..40 tokens (min_tokens 8: every request stays in flight a while), token ids
-    returned."""
+    """LOAD seeded requests, each prompt with each parameter set in turn, each exactly 32..48 tokens long
+    (min_tokens = max_tokens: none ends early, so every one stays in flight while the others arrive), token
+    ids returned."""
     return [
-        {"model": "smollm2", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 24 + (i * 5) % 17, "min_tokens": 8, "seed": 1000 + i,
-         "return_token_ids": True, **SAMPLING[(i // len(PROMPTS)) % len(SAMPLING)]}
+        {"model": "smollm2", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32 + (i * 5) % 17,
+         "min_tokens": 32 + (i * 5) % 17, "seed": 1000 + i, "return_token_ids": True,
+         **SAMPLING[(i // len(PROMPTS)) % len(SAMPLING)]}
         for i in range(LOAD)
     ]  # fmt: skip
 
@@ -55,18 +57,20 @@ def _token_ids(answer: dict) -> list[int]:
     return answer["choices"][0]["token_ids"]
 
 
-def _concurrently(server: support.Server, requests: list[dict]) -> tuple[list[tuple[int, dict]], int]:
-    """Send every request at once -> (their (status, answer) in order, the most requests the server's
-    /metrics showed in flight, running or waiting, at one time while they were served, over its engines)."""
-    most, done = 0, threading.Event()
+def _concurrently(server: support.Server, requests: list[dict]) -> tuple[list[tuple[int, dict]], list[tuple]]:
+    """Send every request at once -> (their (status, answer) in order, what the server's /metrics showed
+    while they were served: (seconds since the start, requests running, requests waiting) over its
+    engines, one entry each time the counts changed)."""
+    began, gauges, done = time.monotonic(), [], threading.Event()
 
     def watch():
-        nonlocal most
         while not done.is_set():
-            in_flight = [
-                support.metric_values(server, f"vllm:num_requests_{state}") for state in ("running", "waiting")
-            ]
-            most = max(most, int(sum(map(sum, in_flight))))
+            counts = tuple(
+                int(sum(support.metric_values(server, f"vllm:num_requests_{state}")))
+                for state in ("running", "waiting")
+            )
+            if not gauges or gauges[-1][1:] != counts:
+                gauges.append((round(time.monotonic() - began, 2), *counts))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
@@ -77,7 +81,7 @@ def _concurrently(server: support.Server, requests: list[dict]) -> tuple[list[tu
     finally:
         done.set()
         watcher.join()
-    return answers, most
+    return answers, gauges
 
 
 def _spec_decode_counts(server: support.Server) -> tuple[float, float]:
@@ -127,13 +131,13 @@ def test_concurrent_seeded_requests_all_complete_and_each_equals_its_solo_output
     assert all(solo), solo
     drafted, accepted = _spec_decode_counts(server)
     began = time.monotonic()
-    answers, most_in_flight = _concurrently(server, requests)
+    answers, gauges = _concurrently(server, requests)
     seconds = time.monotonic() - began
     assert all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
     ids = [_token_ids(answer) for _, answer in answers]
     differing = [(i, requests[i], solo[i], ids[i]) for i in range(LOAD) if ids[i] != solo[i]]
     assert not differing, differing[:3]
-    assert most_in_flight >= 32, most_in_flight
+    assert max(running + waiting for _, running, waiting in gauges) >= 32, gauges
     now_drafted, now_accepted = _spec_decode_counts(server)
     assert now_drafted > drafted and now_accepted > accepted, (drafted, accepted, now_drafted, now_accepted)
     assert seconds < REQUEST_TIMEOUT

@@ -27,6 +27,8 @@ CASES = [
     (4, 3, 3000, torch.float16, "ties"),
     (3, 4, 50000, torch.float32, "heavy"),
     (8, 1, 2048, torch.float32, "minus-inf"),
+    (2, 3, 128256, torch.float32, "one-lane"),
+    (3, 2, 20000, torch.float32, "flat"),
 ]
 
 
@@ -39,6 +41,10 @@ def _logits(rows: int, vocab: int, kind: str, dtype: torch.dtype, g: torch.Gener
         x.scatter_add_(1, torch.randint(0, vocab, (rows, 8), generator=g), torch.rand(rows, 8, generator=g) * 8 + 4)
     if kind == "minus-inf":
         x[torch.rand(rows, vocab, generator=g) < 0.5] = float("-inf")
+    if kind == "one-lane":  # the likely tokens 64 apart: one lane of every block of the stripe maxima
+        x[:, 5::64] += 20
+    if kind == "flat":
+        x *= 1e-3
     return x.to(dtype)
 
 
@@ -113,6 +119,35 @@ def test_draws_match_the_dense_kernels_bit_for_bit(case, use_min_p):
             kept, drawn_sums, mass, q.to(q_dtype), draft, mode, seeds, stream_salt(STREAM_RESIDUAL), block
         )
         assert torch.equal(recovered, expected_recovery)
+
+
+@pytest.mark.parametrize("vocab", [5000, 128256])
+def test_top_k_rows_are_held_sparsely_with_the_dense_weights(vocab):
+    """A drafted top-k row (k from 1 to 1000, logits of spread 3) is weighed sparsely in draw_rows (a kept
+    count, not -1: the dense path was not taken) and its kept (id, weight) pairs are the dense row's nonzero
+    weights, bit for bit."""
+    g = torch.Generator().manual_seed(vocab)
+    ks = torch.tensor([1, 2, 5, 50, 64, 200, 1000])
+    requests = len(ks)
+    logits = torch.randn(requests * 2, vocab, generator=g) * 3  # one drafted position and the bonus each
+    temperature, top_p = torch.full((requests,), 0.8), torch.full((requests,), 0.95)
+    block = block_size(vocab)
+    weights = torch.empty(requests * 2, vocab)
+    per_row = [value.repeat_interleave(2) for value in (temperature, ks, top_p)]
+    sums = native.weigh_rows(logits, per_row[0], GREEDY_TEMPERATURE, *per_row[1:], None, BOUNDARY_RTOL, block, weights)
+    params = (temperature, GREEDY_TEMPERATURE, ks, top_p, None, BOUNDARY_RTOL, block, torch.arange(requests))
+    draft = torch.zeros(requests, 1, dtype=torch.int64)
+    dense = torch.full((requests * 2, vocab), float("nan"))
+    drawn = native.draw_rows(logits, 2, *params, stream_salt(STREAM_TARGET), draft, stream_salt(STREAM_ACCEPT), dense)
+    count, ids, kept_weights, _ = drawn[4]
+    drafted = torch.arange(requests) * 2  # the rows kept for a recovery
+    assert (count[drafted] > 0).all(), count[drafted]
+    for row in drafted.tolist():
+        listed = ids[row, : count[row]].long()
+        nonzero = weights[row].nonzero()[:, 0]
+        assert torch.equal(listed, nonzero), (int(ks[row // 2]), listed.tolist()[:8], nonzero.tolist()[:8])
+        assert torch.equal(kept_weights[row, : count[row]], weights[row, nonzero])
+    assert torch.equal(drawn[3].view(torch.int64), sums.view(torch.int64))
 
 
 def _first_argmax(row: list[float]) -> int:

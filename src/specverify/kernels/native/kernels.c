@@ -26,6 +26,7 @@
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c99 */
 #include <stdint.h>
 #include <string.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #ifdef _OPENMP
@@ -826,18 +827,6 @@ static inline void largest_k(const float *row, int64_t n, int64_t k, float *heap
     for (; i < n; i++) offer(row[i], k, heap);
 }
 
-/* largest_k over the stripes of the row (stripe_maxima), with the slots starting at `floor`, a value that
- * at least k of the row's values reach (so the k largest are the values above it and copies of it): only
- * the stripes whose maximum beats the k-th so far are visited (a few, in cache). */
-static inline void largest_k_in_stripes(const float *row, int64_t n, int64_t k, float floor, const float *stripe_top,
-                                        float *heap) {
-    for (int64_t i = 0; i < k; i++) heap[i] = floor;
-    for (int64_t s = 0; s < stripes_of(n); s++) {
-        if (!(stripe_top[s] > heap[0])) continue;
-        for (int64_t i = stripe_start(s), end = stripe_end(s, n); i < end; i += STREAM_LANES) offer(row[i], k, heap);
-    }
-}
-
 static int descending(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return (x < y) - (x > y);
@@ -1378,7 +1367,6 @@ struct row_buffers {
     float *row;      /* [n]: the weights of a dense row no output holds */
     float *kept;     /* [n]: a short list's weights */
     float *scratch;  /* [scratch_size(n)]: heaps, stripe maxima, sorted candidates */
-    uint64_t *marks; /* [ceil(n / 64) + 1]: the candidates' bitmap */
     int32_t *ids;    /* [n]: a short list's ids */
     double *sums;    /* [ceil(n / block)]: the block sums of a row no output holds */
 };
@@ -1393,34 +1381,74 @@ IN_CLONE int64_t weigh_greedy(const float *x, int64_t n, int64_t block, int32_t 
     return 1;
 }
 
-/* Stage of weigh_kept, the k largest raw logits (0 < k < n): the stripe maxima (stripe_maxima, written to
- * stripe_top), the k-th largest of which is a floor that at least k logits reach, then a heap over the
- * stripes above it (in cache), left in heap[0..k) (heap[0] the k-th). Returns the largest logit. */
-IN_CLONE float largest_logits(const float *x, int64_t n, int64_t k, float *stripe_top, float *heap) {
-    const int64_t stripes = stripes_of(n);
-    stripe_maxima(x, n, stripe_top);
-    largest_k(stripe_top, stripes, k < stripes ? k : stripes, heap);
-    largest_k_in_stripes(x, n, k, k <= stripes ? heap[0] : -INFINITY, stripe_top, heap);
-    float top = -INFINITY;
-    for (int64_t i = 0; i < k; i++) top = heap[i] > top ? heap[i] : top;
-    return top;
+/* How many of values[0..count) are >= bound (one vectorised pass). */
+IN_CLONE int64_t count_at_least(const float *values, int64_t count, float bound) {
+    int64_t reached = 0;
+    for (int64_t i = 0; i < count; i++) reached += values[i] >= bound;
+    return reached;
 }
 
-/* Stage of weigh_kept, the candidates: the tokens whose y = (x - top) * inverse is >= lowest, marked in a
- * bitmap (marks) from the stripes that can hold one, then listed in order into ids; returns how many. */
-IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inverse, float lowest,
-                                 const float *stripe_top, uint64_t *marks, int32_t *ids) {
-    const int64_t words = (n + 63) / 64, stripes = stripes_of(n);
-    memset(marks, 0, (size_t)words * sizeof *marks);
-    for (int64_t s = 0; s < stripes; s++) {
-        if (!((stripe_top[s] - top) * inverse >= lowest)) continue;
-        for (int64_t i = stripe_start(s), end = stripe_end(s, n); i < end; i += STREAM_LANES)
-            marks[i / 64] |= (uint64_t)((x[i] - top) * inverse >= lowest) << (i % 64);
+/* Bisection steps of stripe_floor at most (each one count_at_least over the stripe maxima). */
+#define FLOOR_STEPS 24
+
+/* Stage of weigh_kept, a floor for the k-th largest logit of a top-k row from its stripe maxima
+ * (stripe_top[stripes], largest `top`): a value that at least k stripe maxima reach, so at least k logits
+ * (the k-th largest is >= it), and not many more (bisection until at most k + k / 8 + 1 do, or
+ * FLOOR_STEPS); `lowest` itself where fewer than k maxima reach it. */
+IN_CLONE float stripe_floor(const float *stripe_top, int64_t stripes, int64_t k, float top, float lowest) {
+    float below = lowest > -FLT_MAX ? lowest : -FLT_MAX, above = top;
+    if (count_at_least(stripe_top, stripes, below) < k) return below;
+    if (count_at_least(stripe_top, stripes, above) >= k) return above;
+    for (int step = 0; step < FLOOR_STEPS; step++) { /* count(>= below) >= k > count(>= above) */
+        const float middle = below + (above - below) * 0.5f;
+        if (!(middle > below && middle < above)) break;
+        const int64_t reached = count_at_least(stripe_top, stripes, middle);
+        if (reached < k) {
+            above = middle;
+            continue;
+        }
+        below = middle;
+        if (reached <= k + k / 8 + 1) break;
     }
+    return below;
+}
+
+/* Stage of weigh_kept, the candidates: the tokens whose y = (x - top) * inverse is >= lowest, listed in
+ * order into ids (and their logits into values); returns how many. Block by block: the lanes whose stripe
+ * maximum (stripe_top, stripe_maxima) can hold one, then the block's values at those lanes, row by row. */
+IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inverse, float lowest,
+                                 const float *stripe_top, int32_t *ids, float *values) {
     int64_t count = 0;
-    for (int64_t word = 0; word < words; word++)
-        for (uint64_t bits = marks[word]; bits; bits &= bits - 1) ids[count++] = (int32_t)(word * 64 + __builtin_ctzll(bits));
+    int lanes[STREAM_LANES];
+    for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
+        const float *tops = stripe_top + start / STRIPE_BLOCK * STREAM_LANES;
+        int used = 0;
+        for (int lane = 0; lane < STREAM_LANES; lane++) {
+            lanes[used] = lane;
+            used += (tops[lane] - top) * inverse >= lowest;
+        }
+        const int64_t end = start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n;
+        for (int64_t at = start; used && at < end; at += STREAM_LANES)
+            for (int u = 0; u < used && at + lanes[u] < end; u++) {
+                const int64_t i = at + lanes[u];
+                ids[count] = (int32_t)i;
+                values[count] = x[i];
+                count += (x[i] - top) * inverse >= lowest;
+            }
+    }
     return count;
+}
+
+/* Stage of weigh_kept, the listed (id, logit) pairs whose y = (x - top) * inverse is >= lowest, moved to
+ * the front in order; returns how many. */
+IN_CLONE int64_t keep_candidates(int32_t *ids, float *values, int64_t count, float top, float inverse, float lowest) {
+    int64_t held = 0;
+    for (int64_t j = 0; j < count; j++) {
+        ids[held] = ids[j];
+        values[held] = values[j];
+        held += (values[j] - top) * inverse >= lowest;
+    }
+    return held;
 }
 
 /* Stage of weigh_kept, the kept-set threshold of a top-k row from its candidates' weights kept[count] (the
@@ -1455,21 +1483,30 @@ static inline int64_t keep_listed(int32_t *ids, float *kept, int64_t count, floa
     return held;
 }
 
-/* One top-k row (0 < k < n) weighed sparsely, or -1 where it cannot be: its k largest raw logits
- * (largest_logits; exp is monotone, so they are the tokens of the k largest weights), the candidates
- * within CANDIDATE_MARGIN of the k-th in y (they hold every weight >= the k-th), only they exponentiated,
+/* One top-k row (0 < k < n) weighed sparsely, or -1 where it cannot be: its k-th largest raw logit (exp
+ * is monotone, so the k largest logits are the tokens of the k largest weights) among the tokens at or
+ * above a floor of it (stripe_floor, list_candidates), the candidates within CANDIDATE_MARGIN of the k-th
+ * in y (they hold every weight >= the k-th), only they exponentiated,
  * the threshold and the kept set from them exactly as the dense path computes them from the whole row.
  * -1 where the k-th weight is below e^SPARSE_LOWEST, the row has no finite value, or more than capacity
  * tokens are kept. Otherwise the kept set in ids / kept (ascending ids) and its block sums in sums. */
 IN_CLONE int64_t weigh_top_k(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                              double rtol, int64_t block, int64_t capacity, struct row_buffers *buffers, double *sums) {
-    float *scratch = buffers->scratch, *kept = buffers->kept;
+    float *scratch = buffers->scratch, *kept = buffers->kept, *stripe_top = scratch + n;
     int32_t *ids = buffers->ids;
-    const float top = largest_logits(x, n, k, scratch + n, scratch);
-    const float inverse = 1.0f / temperature, kth_y = (scratch[0] - top) * inverse;
-    if (!(isfinite(top) && kth_y >= SPARSE_LOWEST)) return -1;
-    const int64_t count = list_candidates(x, n, top, inverse, kth_y - CANDIDATE_MARGIN, scratch + n, buffers->marks, ids);
-    for (int64_t j = 0; j < count; j++) kept[j] = x[ids[j]];
+    const int64_t stripes = stripes_of(n);
+    stripe_maxima(x, n, stripe_top);
+    const float top = row_max(stripe_top, stripes), inverse = 1.0f / temperature;
+    if (!isfinite(top)) return -1;
+    /* the tokens at or above a floor (less the margin): where the k-th logit reaches the floor, they hold
+     * the k-th and every candidate; where it does not (fewer than k logits reach it), the dense path */
+    const float floor_logit = stripe_floor(stripe_top, stripes, k, top, top + SPARSE_LOWEST * temperature);
+    const float floor_y = (floor_logit - top) * inverse;
+    int64_t count = list_candidates(x, n, top, inverse, floor_y - CANDIDATE_MARGIN, stripe_top, ids, kept);
+    largest_k(kept, count, k, scratch);
+    const float kth_y = (scratch[0] - top) * inverse;
+    if (!(kth_y >= SPARSE_LOWEST && kth_y >= floor_y)) return -1;
+    count = keep_candidates(ids, kept, count, top, inverse, kth_y - CANDIDATE_MARGIN);
     for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);
     const float threshold = candidates_threshold(kept, count, k, top_p, min_p, rtol, scratch);
     const int64_t held = keep_listed(ids, kept, count, threshold);
@@ -1598,7 +1635,6 @@ static struct row_buffers row_buffers_of(int64_t n, int64_t blocks, int64_t *ref
         .row = allocate((uint64_t)n * sizeof(float), refused),
         .kept = allocate((uint64_t)n * sizeof(float), refused),
         .scratch = allocate((uint64_t)scratch_size(n) * sizeof(float), refused),
-        .marks = allocate((uint64_t)((n + 63) / 64 + 1) * sizeof(uint64_t), refused),
         .ids = allocate((uint64_t)n * sizeof(int32_t), refused),
         .sums = allocate((uint64_t)blocks * sizeof(double), refused),
     };
@@ -1606,14 +1642,13 @@ static struct row_buffers row_buffers_of(int64_t n, int64_t blocks, int64_t *ref
 }
 
 static int row_buffers_ready(const struct row_buffers *buffers) {
-    return buffers->row && buffers->kept && buffers->scratch && buffers->marks && buffers->ids && buffers->sums;
+    return buffers->row && buffers->kept && buffers->scratch && buffers->ids && buffers->sums;
 }
 
 static void free_row_buffers(struct row_buffers *buffers) {
     free(buffers->row);
     free(buffers->kept);
     free(buffers->scratch);
-    free(buffers->marks);
     free(buffers->ids);
     free(buffers->sums);
 }

@@ -786,11 +786,15 @@ static inline int64_t stripes_of(int64_t n) {
     return (n + STRIPE_BLOCK - 1) / STRIPE_BLOCK * STREAM_LANES;
 }
 
-/* The room a row's scratch buffer needs, in floats: n values, then the stripe maxima (stripes_of) or the
- * flags of gather_between (n bytes). */
+/* Parts of a stripe with maxima of their own (stripe_maxima): part q of a block's stripes is its rows
+ * [q, q + 1) * STRIPE_BLOCK / STRIPE_PARTS, so that a listing visits only the parts that can hold a value. */
+#define STRIPE_PARTS 4
+
+/* The room a row's scratch buffer needs, in floats: n values, then the stripe maxima and their parts'
+ * (stripes_of, STRIPE_PARTS times that) or the flags of gather_between (n bytes). */
 static inline int64_t scratch_size(int64_t n) {
-    const int64_t stripes = stripes_of(n), flags = n / 4 + 1;
-    return n + (stripes > flags ? stripes : flags);
+    const int64_t maxima = stripes_of(n) * (1 + STRIPE_PARTS), flags = n / 4 + 1;
+    return n + (maxima > flags ? maxima : flags);
 }
 
 /* The first value and the end of stripe s of a row of n values: its values are first, first +
@@ -805,12 +809,22 @@ static inline int64_t stripe_end(int64_t s, int64_t n) {
 }
 
 /* The largest value of each stripe of the row (stripe_start), NaN skipped (-inf for a stripe without a
- * value), written to stripe_top[stripes_of(n)]. */
-IN_CLONE void stripe_maxima(const float *row, int64_t n, float *stripe_top) {
-    float lanes[STREAM_LANES]; /* (a local array: written through stripe_top, the scan would store every step) */
+ * value), written to stripe_top[stripes_of(n)], and of each part of each stripe, written to part_top: the
+ * STREAM_LANES maxima of part q of block b at (b * STRIPE_PARTS + q) * STREAM_LANES. */
+IN_CLONE void stripe_maxima(const float *row, int64_t n, float *stripe_top, float *part_top) {
+    float lanes[STREAM_LANES]; /* (a local array: written through part_top, the scan would store every step) */
+    const int64_t part = STRIPE_BLOCK / STRIPE_PARTS;
     for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
-        lane_maxima(row, start, start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n, lanes);
-        memcpy(stripe_top + start / STRIPE_BLOCK * STREAM_LANES, lanes, sizeof lanes);
+        float *tops = stripe_top + start / STRIPE_BLOCK * STREAM_LANES;
+        float *parts = part_top + start / STRIPE_BLOCK * STRIPE_PARTS * STREAM_LANES;
+        for (int q = 0; q < STRIPE_PARTS; q++) {
+            const int64_t from = start + q * part, to = from + part < n ? from + part : n;
+            lane_maxima(row, from, to, lanes);
+            memcpy(parts + q * STREAM_LANES, lanes, sizeof lanes);
+        }
+        for (int lane = 0; lane < STREAM_LANES; lane++) tops[lane] = parts[lane];
+        for (int q = 1; q < STRIPE_PARTS; q++)
+            for (int lane = 0; lane < STREAM_LANES; lane++) tops[lane] = larger(parts[q * STREAM_LANES + lane], tops[lane]);
     }
 }
 
@@ -1413,28 +1427,63 @@ IN_CLONE float stripe_floor(const float *stripe_top, int64_t stripes, int64_t k,
     return below;
 }
 
+/* The lanes among lanes[used] whose maximum in tops (STREAM_LANES of them) has y = (max - top) * inverse
+ * >= lowest, in order, into reached; returns how many. */
+IN_CLONE int lanes_reaching(const float *tops, const int *lanes, int used, float top, float inverse, float lowest,
+                            int *reached) {
+    int count = 0;
+    for (int u = 0; u < used; u++) {
+        reached[count] = lanes[u];
+        count += (tops[lanes[u]] - top) * inverse >= lowest;
+    }
+    return count;
+}
+
+/* The tokens in [from, to) (rows of STREAM_LANES values from `from`, at most STRIPE_BLOCK / STRIPE_PARTS
+ * values) at the given lanes whose y = (x - top) * inverse is >= lowest, appended in order to ids and
+ * their logits to values from `count` on; returns the new count. Marked lane by lane in a bitmap of the
+ * part's rows (loops of fixed length: no mispredicted exits), then listed row by row. */
+IN_CLONE int64_t list_part(const float *x, int64_t from, int64_t to, const int *lanes, int used, float top,
+                           float inverse, float lowest, int32_t *ids, float *values, int64_t count) {
+    uint64_t marks[STRIPE_BLOCK / STRIPE_PARTS / STREAM_LANES] = {0};
+    const int64_t rows = (to - from + STREAM_LANES - 1) / STREAM_LANES;
+    for (int u = 0; u < used; u++)
+        for (int64_t row = 0; row < rows; row++) {
+            const int64_t i = from + row * STREAM_LANES + lanes[u];
+            marks[row] |= (uint64_t)(i < to && (x[i] - top) * inverse >= lowest) << lanes[u];
+        }
+    for (int64_t row = 0; row < rows; row++)
+        for (uint64_t bits = marks[row]; bits; bits &= bits - 1) {
+            const int64_t i = from + row * STREAM_LANES + __builtin_ctzll(bits);
+            ids[count] = (int32_t)i;
+            values[count++] = x[i];
+        }
+    return count;
+}
+
 /* Stage of weigh_kept, the candidates: the tokens whose y = (x - top) * inverse is >= lowest, listed in
  * order into ids (and their logits into values); returns how many. Block by block: the lanes whose stripe
- * maximum (stripe_top, stripe_maxima) can hold one, then the block's values at those lanes, row by row. */
+ * maximum can hold one (stripe_top, stripe_maxima), then part by part those whose part's maximum can
+ * (part_top), then the part's values at those lanes, row by row. */
 IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inverse, float lowest,
-                                 const float *stripe_top, int32_t *ids, float *values) {
+                                 const float *stripe_top, const float *part_top, int32_t *ids, float *values) {
+    static const int every_lane[STREAM_LANES] = {
+        0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+        22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+        44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    const int64_t part = STRIPE_BLOCK / STRIPE_PARTS;
     int64_t count = 0;
-    int lanes[STREAM_LANES];
+    int lanes[STREAM_LANES], part_lanes[STREAM_LANES];
     for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
-        const float *tops = stripe_top + start / STRIPE_BLOCK * STREAM_LANES;
-        int used = 0;
-        for (int lane = 0; lane < STREAM_LANES; lane++) {
-            lanes[used] = lane;
-            used += (tops[lane] - top) * inverse >= lowest;
+        const int64_t block = start / STRIPE_BLOCK;
+        const int used = lanes_reaching(stripe_top + block * STREAM_LANES, every_lane, STREAM_LANES, top, inverse,
+                                        lowest, lanes);
+        for (int q = 0; used && q < STRIPE_PARTS; q++) {
+            const float *tops = part_top + (block * STRIPE_PARTS + q) * STREAM_LANES;
+            const int in_part = lanes_reaching(tops, lanes, used, top, inverse, lowest, part_lanes);
+            const int64_t from = start + q * part, to = from + part < n ? from + part : n;
+            count = list_part(x, from, to, part_lanes, in_part, top, inverse, lowest, ids, values, count);
         }
-        const int64_t end = start + STRIPE_BLOCK < n ? start + STRIPE_BLOCK : n;
-        for (int64_t at = start; used && at < end; at += STREAM_LANES)
-            for (int u = 0; u < used && at + lanes[u] < end; u++) {
-                const int64_t i = at + lanes[u];
-                ids[count] = (int32_t)i;
-                values[count] = x[i];
-                count += (x[i] - top) * inverse >= lowest;
-            }
     }
     return count;
 }
@@ -1492,17 +1541,17 @@ static inline int64_t keep_listed(int32_t *ids, float *kept, int64_t count, floa
  * tokens are kept. Otherwise the kept set in ids / kept (ascending ids) and its block sums in sums. */
 IN_CLONE int64_t weigh_top_k(const float *x, int64_t n, float temperature, int64_t k, float top_p, const float *min_p,
                              double rtol, int64_t block, int64_t capacity, struct row_buffers *buffers, double *sums) {
-    float *scratch = buffers->scratch, *kept = buffers->kept, *stripe_top = scratch + n;
-    int32_t *ids = buffers->ids;
     const int64_t stripes = stripes_of(n);
-    stripe_maxima(x, n, stripe_top);
+    float *scratch = buffers->scratch, *kept = buffers->kept, *stripe_top = scratch + n, *part_top = stripe_top + stripes;
+    int32_t *ids = buffers->ids;
+    stripe_maxima(x, n, stripe_top, part_top);
     const float top = row_max(stripe_top, stripes), inverse = 1.0f / temperature;
     if (!isfinite(top)) return -1;
     /* the tokens at or above a floor (less the margin): where the k-th logit reaches the floor, they hold
      * the k-th and every candidate; where it does not (fewer than k logits reach it), the dense path */
     const float floor_logit = stripe_floor(stripe_top, stripes, k, top, top + SPARSE_LOWEST * temperature);
     const float floor_y = (floor_logit - top) * inverse;
-    int64_t count = list_candidates(x, n, top, inverse, floor_y - CANDIDATE_MARGIN, stripe_top, ids, kept);
+    int64_t count = list_candidates(x, n, top, inverse, floor_y - CANDIDATE_MARGIN, stripe_top, part_top, ids, kept);
     largest_k(kept, count, k, scratch);
     const float kth_y = (scratch[0] - top) * inverse;
     if (!(kth_y >= SPARSE_LOWEST && kth_y >= floor_y)) return -1;

@@ -1488,25 +1488,68 @@ IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inv
     return count;
 }
 
-/* Stage of weigh_kept, the listed (id, logit) pairs whose y = (x - top) * inverse is >= lowest, moved to
- * the front in order; returns how many. */
-IN_CLONE int64_t keep_candidates(int32_t *ids, float *values, int64_t count, float top, float inverse, float lowest) {
+/* Stage of weigh_kept, the listed ids whose token's y = (x - top) * inverse is >= lowest, moved to the
+ * front in order, their logits into values; returns how many. */
+IN_CLONE int64_t keep_candidates(int32_t *ids, const float *x, int64_t count, float top, float inverse, float lowest,
+                                 float *values) {
     int64_t held = 0;
     for (int64_t j = 0; j < count; j++) {
+        const float value = x[ids[j]];
         ids[held] = ids[j];
-        values[held] = values[j];
-        held += (values[j] - top) * inverse >= lowest;
+        values[held] = value;
+        held += (value - top) * inverse >= lowest;
     }
     return held;
 }
 
-/* Stage of weigh_kept, the kept-set threshold of a top-k row from its candidates' weights kept[count] (the
- * k largest among them): the k-th, the nucleus on the top-k-renormalised row, min_p (NULL: none), as the
- * dense path computes them. sorted: room for count floats. */
-IN_CLONE float candidates_threshold(const float *kept, int64_t count, int64_t k, float top_p, const float *min_p,
-                                    double rtol, float *sorted) {
-    memcpy(sorted, kept, (size_t)count * sizeof *kept);
-    qsort(sorted, (size_t)count, sizeof *sorted, descending);
+/* The key of a float (not NaN) whose unsigned order is the floats' descending order (-0 after +0). */
+static inline uint32_t descending_key(float value) {
+    const uint32_t bits = bits_of(value);
+    return bits & 0x80000000u ? bits : ~(bits | 0x80000000u);
+}
+
+static inline float float_of_descending_key(uint32_t key) {
+    return float_of(key & 0x80000000u ? key : ~key & 0x7fffffffu);
+}
+
+/* Below this many values, sort_descending inserts them one by one (the radix passes cost more). */
+#define INSERTION_SORT_LIMIT 32
+
+/* values[0..count) (no NaN) sorted in descending order: a radix sort on the keys, a byte a pass, through
+ * spare (room for count floats); by insertion below INSERTION_SORT_LIMIT values. */
+static void sort_descending(float *values, int64_t count, float *spare) {
+    if (count < INSERTION_SORT_LIMIT) {
+        for (int64_t i = 1; i < count; i++) {
+            const float value = values[i];
+            int64_t at = i;
+            for (; at > 0 && values[at - 1] < value; at--) values[at] = values[at - 1];
+            values[at] = value;
+        }
+        return;
+    }
+    uint32_t *keys = (uint32_t *)values, *other = (uint32_t *)spare;
+    for (int64_t i = 0; i < count; i++) keys[i] = descending_key(values[i]);
+    for (int shift = 0; shift < 32; shift += 8) {
+        int64_t start[256] = {0};
+        for (int64_t i = 0; i < count; i++) start[keys[i] >> shift & 255]++;
+        for (int64_t digit = 0, before = 0; digit < 256; digit++) {
+            const int64_t here = start[digit];
+            start[digit] = before;
+            before += here;
+        }
+        for (int64_t i = 0; i < count; i++) other[start[keys[i] >> shift & 255]++] = keys[i];
+        uint32_t *swap = keys;
+        keys = other;
+        other = swap;
+    } /* (four passes: the keys end where they began) */
+    for (int64_t i = 0; i < count; i++) values[i] = float_of_descending_key(keys[i]);
+}
+
+/* Stage of weigh_kept, the kept-set threshold of a top-k row from its candidates' weights sorted[count]
+ * in descending order (the k largest among them): the k-th, the nucleus on the top-k-renormalised row,
+ * min_p (NULL: none), as the dense path computes them. */
+IN_CLONE float candidates_threshold(const float *sorted, int64_t count, int64_t k, float top_p, const float *min_p,
+                                    double rtol) {
     float threshold = sorted[k - 1];
     if (top_p < 1.0f) {
         int64_t at_least = k;
@@ -1552,12 +1595,17 @@ IN_CLONE int64_t weigh_top_k(const float *x, int64_t n, float temperature, int64
     const float floor_logit = stripe_floor(stripe_top, stripes, k, top, top + SPARSE_LOWEST * temperature);
     const float floor_y = (floor_logit - top) * inverse;
     int64_t count = list_candidates(x, n, top, inverse, floor_y - CANDIDATE_MARGIN, stripe_top, part_top, ids, kept);
-    largest_k(kept, count, k, scratch);
-    const float kth_y = (scratch[0] - top) * inverse;
+    if (count < k) return -1;
+    sort_descending(kept, count, scratch); /* the listed logits, largest first (the maxima no longer needed) */
+    const float kth_y = (kept[k - 1] - top) * inverse, lowest = kth_y - CANDIDATE_MARGIN;
     if (!(kth_y >= SPARSE_LOWEST && kth_y >= floor_y)) return -1;
-    count = keep_candidates(ids, kept, count, top, inverse, kth_y - CANDIDATE_MARGIN);
+    /* the candidates' weights in descending order: the sorted list's first entries (y is monotone in x) */
+    float *sorted = scratch;
+    for (int64_t j = 0; j < count && (kept[j] - top) * inverse >= lowest; j++)
+        sorted[j] = exp_nonpositive((kept[j] - top) * inverse);
+    count = keep_candidates(ids, x, count, top, inverse, lowest, kept);
     for (int64_t j = 0; j < count; j++) kept[j] = exp_nonpositive((kept[j] - top) * inverse);
-    const float threshold = candidates_threshold(kept, count, k, top_p, min_p, rtol, scratch);
+    const float threshold = candidates_threshold(sorted, count, k, top_p, min_p, rtol);
     const int64_t held = keep_listed(ids, kept, count, threshold);
     if (held > capacity) return -1;
     kept_block_sums(ids, kept, NULL, 1.0f, held, n, block, sums);

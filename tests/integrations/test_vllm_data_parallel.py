@@ -12,7 +12,13 @@ import json
 import pytest
 
 from tests.integrations import vllm_support as support
-from tests.integrations.test_vllm_server import _concurrently, _load_requests, _spec_decode_counts, _token_ids
+from tests.integrations.test_vllm_server import (
+    _concurrently,
+    _load_requests,
+    _most_in_flight,
+    _spec_decode_counts,
+    _token_ids,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,11 +59,11 @@ def test_each_engine_core_loads_the_plugin(data_parallel):
 def test_data_parallel_with_speculation_gives_one_engines_plain_tokens(data_parallel, one_engine_plain):
     assert all(one_engine_plain) and sum(map(len, one_engine_plain)) >= 150, one_engine_plain
     drafted, accepted = _spec_decode_counts(data_parallel)
-    answers, most_in_flight = _concurrently(data_parallel, _requests())
+    answers, gauges = _concurrently(data_parallel, _requests())
     assert all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
     ids = [_token_ids(answer) for _, answer in answers]
     differing = [(i, one_engine_plain[i], ids[i]) for i in range(REQUESTS) if ids[i] != one_engine_plain[i]]
     assert not differing, differing[:3]
     now_drafted, now_accepted = _spec_decode_counts(data_parallel)
     assert now_drafted > drafted and now_accepted > accepted, (drafted, accepted, now_drafted, now_accepted)
-    assert most_in_flight >= REQUESTS // 2, most_in_flight
+    assert _most_in_flight(gauges) >= REQUESTS // 2, gauges

@@ -797,18 +797,7 @@ static inline int64_t scratch_size(int64_t n) {
     return n + (maxima > flags ? maxima : flags);
 }
 
-/* The first value and the end of stripe s of a row of n values: its values are first, first +
- * STREAM_LANES, ... below end. */
-static inline int64_t stripe_start(int64_t s) {
-    return s / STREAM_LANES * STRIPE_BLOCK + s % STREAM_LANES;
-}
-
-static inline int64_t stripe_end(int64_t s, int64_t n) {
-    const int64_t end = (s / STREAM_LANES + 1) * STRIPE_BLOCK;
-    return end < n ? end : n;
-}
-
-/* The largest value of each stripe of the row (stripe_start), NaN skipped (-inf for a stripe without a
+/* The largest value of each stripe of the row, NaN skipped (-inf for a stripe without a
  * value), written to stripe_top[stripes_of(n)], and of each part of each stripe, written to part_top: the
  * STREAM_LANES maxima of part q of block b at (b * STRIPE_PARTS + q) * STREAM_LANES. */
 IN_CLONE void stripe_maxima(const float *row, int64_t n, float *stripe_top, float *part_top) {

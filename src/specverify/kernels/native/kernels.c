@@ -1456,13 +1456,10 @@ IN_CLONE int64_t list_part(const float *x, int64_t from, int64_t to, const int *
  * (part_top), then the part's values at those lanes, row by row. */
 IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inverse, float lowest,
                                  const float *stripe_top, const float *part_top, int32_t *ids, float *values) {
-    static const int every_lane[STREAM_LANES] = {
-        0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-        22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
-        44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
     const int64_t part = STRIPE_BLOCK / STRIPE_PARTS;
     int64_t count = 0;
-    int lanes[STREAM_LANES], part_lanes[STREAM_LANES];
+    int every_lane[STREAM_LANES], lanes[STREAM_LANES], part_lanes[STREAM_LANES];
+    for (int lane = 0; lane < STREAM_LANES; lane++) every_lane[lane] = lane;
     for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
         const int64_t block = start / STRIPE_BLOCK;
         const int used = lanes_reaching(stripe_top + block * STREAM_LANES, every_lane, STREAM_LANES, top, inverse,

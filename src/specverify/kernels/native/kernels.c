@@ -1368,7 +1368,7 @@ CLONES int64_t recover_rows(const struct recover_args *a) {
 /* A thread's buffers for the rows of draw_rows, allocated once per call and thread (row_buffers_of). */
 struct row_buffers {
     float *row;      /* [n]: the weights of a dense row no output holds */
-    float *kept;     /* [n]: a short list's weights */
+    float *kept;     /* [n]: a short list's weights (first, a top-k row's listed logits) */
     float *scratch;  /* [scratch_size(n)]: heaps, stripe maxima, sorted candidates */
     int32_t *ids;    /* [n]: a short list's ids */
     double *sums;    /* [ceil(n / block)]: the block sums of a row no output holds */

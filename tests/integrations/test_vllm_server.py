@@ -2,8 +2,8 @@
 by this module and stopped at its end: real /v1/completions answers; a bounded load test where 36 concurrent
 seeded requests with mixed parameters (at least 32 in flight at once, none ending early) all complete and
 each gives the token ids it gives alone; requests with bad parameters get vLLM's 4xx while the server keeps
-serving; top-k, min-p and top-p are honoured by their effect (every sampled token inside the set its parameter keeps, judged from
-raw logprobs at T = 1).
+serving; top-k, min-p and top-p are honoured by their effect (every sampled token inside the set its
+parameter keeps, judged from raw logprobs at T = 1).
 """
 
 from __future__ import annotations

@@ -1384,9 +1384,10 @@ IN_CLONE int64_t weigh_greedy(const float *x, int64_t n, int64_t block, int32_t 
     return 1;
 }
 
-/* How many of values[0..count) are >= bound (one vectorised pass). */
+/* How many of values[0..count) are >= bound (one vectorised pass; count < 2^31: a 32-bit tally fills twice
+ * the lanes of a 64-bit one). */
 IN_CLONE int64_t count_at_least(const float *values, int64_t count, float bound) {
-    int64_t reached = 0;
+    int32_t reached = 0;
     for (int64_t i = 0; i < count; i++) reached += values[i] >= bound;
     return reached;
 }
@@ -1416,16 +1417,20 @@ IN_CLONE float stripe_floor(const float *stripe_top, int64_t stripes, int64_t k,
     return below;
 }
 
-/* The lanes among lanes[used] whose maximum in tops (STREAM_LANES of them) has y = (max - top) * inverse
- * >= lowest, in order, into reached; returns how many. */
-IN_CLONE int lanes_reaching(const float *tops, const int *lanes, int used, float top, float inverse, float lowest,
-                            int *reached) {
-    int count = 0;
-    for (int u = 0; u < used; u++) {
-        reached[count] = lanes[u];
-        count += (tops[lanes[u]] - top) * inverse >= lowest;
+/* The lanes whose flag (a byte, 0 or 1) is set among flags[STREAM_LANES], in order, into lanes; returns
+ * how many. Eight flags are read at once and passed over where none is set (most of them). */
+IN_CLONE int lanes_flagged(const uint8_t *flags, int *lanes) {
+    int used = 0;
+    for (int at = 0; at < STREAM_LANES; at += 8) {
+        uint64_t any;
+        memcpy(&any, flags + at, sizeof any);
+        if (!any) continue;
+        for (int lane = at; lane < at + 8; lane++) { /* (branch-free: which lanes are set is unpredictable) */
+            lanes[used] = lane;
+            used += flags[lane];
+        }
     }
-    return count;
+    return used;
 }
 
 /* The tokens in [from, to) (rows of STREAM_LANES values from `from`, at most STRIPE_BLOCK / STRIPE_PARTS
@@ -1451,24 +1456,23 @@ IN_CLONE int64_t list_part(const float *x, int64_t from, int64_t to, const int *
 }
 
 /* Stage of weigh_kept, the candidates: the tokens whose y = (x - top) * inverse is >= lowest, listed in
- * order into ids (and their logits into values); returns how many. Block by block: the lanes whose stripe
- * maximum can hold one (stripe_top, stripe_maxima), then part by part those whose part's maximum can
- * (part_top), then the part's values at those lanes, row by row. */
+ * order into ids (and their logits into values); returns how many. Block by block: a flag for each part
+ * of each stripe whose maximum can hold one (part_top, stripe_maxima; one vectorised pass over the
+ * block's STRIPE_PARTS * STREAM_LANES maxima), then part by part the values at the flagged lanes, row by
+ * row. */
 IN_CLONE int64_t list_candidates(const float *x, int64_t n, float top, float inverse, float lowest,
-                                 const float *stripe_top, const float *part_top, int32_t *ids, float *values) {
+                                 const float *part_top, int32_t *ids, float *values) {
     const int64_t part = STRIPE_BLOCK / STRIPE_PARTS;
     int64_t count = 0;
-    int every_lane[STREAM_LANES], lanes[STREAM_LANES], part_lanes[STREAM_LANES];
-    for (int lane = 0; lane < STREAM_LANES; lane++) every_lane[lane] = lane;
     for (int64_t start = 0; start < n; start += STRIPE_BLOCK) {
-        const int64_t block = start / STRIPE_BLOCK;
-        const int used = lanes_reaching(stripe_top + block * STREAM_LANES, every_lane, STREAM_LANES, top, inverse,
-                                        lowest, lanes);
-        for (int q = 0; used && q < STRIPE_PARTS; q++) {
-            const float *tops = part_top + (block * STRIPE_PARTS + q) * STREAM_LANES;
-            const int in_part = lanes_reaching(tops, lanes, used, top, inverse, lowest, part_lanes);
+        const float *tops = part_top + start / STRIPE_BLOCK * STRIPE_PARTS * STREAM_LANES;
+        uint8_t reach[STRIPE_PARTS * STREAM_LANES];
+        for (int i = 0; i < STRIPE_PARTS * STREAM_LANES; i++) reach[i] = (tops[i] - top) * inverse >= lowest;
+        for (int q = 0; q < STRIPE_PARTS; q++) {
+            int lanes[STREAM_LANES];
+            const int used = lanes_flagged(reach + q * STREAM_LANES, lanes);
             const int64_t from = start + q * part, to = from + part < n ? from + part : n;
-            count = list_part(x, from, to, part_lanes, in_part, top, inverse, lowest, ids, values, count);
+            if (used) count = list_part(x, from, to, lanes, used, top, inverse, lowest, ids, values, count);
         }
     }
     return count;
@@ -1502,7 +1506,9 @@ static inline float float_of_descending_key(uint32_t key) {
 #define INSERTION_SORT_LIMIT 32
 
 /* values[0..count) (no NaN) sorted in descending order: a radix sort on the keys, a byte a pass, through
- * spare (room for count floats); by insertion below INSERTION_SORT_LIMIT values. */
+ * spare (room for count floats), the four bytes' counts taken in one pass and a byte that every key shares
+ * passed over (the listed logits of a row lie close together: their top byte is mostly one); by insertion
+ * below INSERTION_SORT_LIMIT values. */
 static void sort_descending(float *values, int64_t count, float *spare) {
     if (count < INSERTION_SORT_LIMIT) {
         for (int64_t i = 1; i < count; i++) {
@@ -1514,21 +1520,25 @@ static void sort_descending(float *values, int64_t count, float *spare) {
         return;
     }
     uint32_t *keys = (uint32_t *)values, *other = (uint32_t *)spare;
-    for (int64_t i = 0; i < count; i++) keys[i] = descending_key(values[i]);
-    for (int shift = 0; shift < 32; shift += 8) {
-        int64_t start[256] = {0};
-        for (int64_t i = 0; i < count; i++) start[keys[i] >> shift & 255]++;
-        for (int64_t digit = 0, before = 0; digit < 256; digit++) {
-            const int64_t here = start[digit];
-            start[digit] = before;
+    int64_t start[4][256] = {{0}};
+    for (int64_t i = 0; i < count; i++) {
+        keys[i] = descending_key(values[i]);
+        for (int digit = 0; digit < 4; digit++) start[digit][keys[i] >> 8 * digit & 255]++;
+    }
+    for (int digit = 0, shift = 0; digit < 4; digit++, shift += 8) {
+        int64_t *at = start[digit];
+        if (at[keys[0] >> shift & 255] == count) continue; /* one byte for all: the order stands */
+        for (int64_t byte = 0, before = 0; byte < 256; byte++) {
+            const int64_t here = at[byte];
+            at[byte] = before;
             before += here;
         }
-        for (int64_t i = 0; i < count; i++) other[start[keys[i] >> shift & 255]++] = keys[i];
+        for (int64_t i = 0; i < count; i++) other[at[keys[i] >> shift & 255]++] = keys[i];
         uint32_t *swap = keys;
         keys = other;
         other = swap;
-    } /* (four passes: the keys end where they began) */
-    for (int64_t i = 0; i < count; i++) values[i] = float_of_descending_key(keys[i]);
+    }
+    for (int64_t i = 0; i < count; i++) values[i] = float_of_descending_key(keys[i]); /* (keys may be spare) */
 }
 
 /* Stage of weigh_kept, the kept-set threshold of a top-k row from its candidates' weights sorted[count]
@@ -1580,7 +1590,7 @@ IN_CLONE int64_t weigh_top_k(const float *x, int64_t n, float temperature, int64
      * the k-th and every candidate; where it does not (fewer than k logits reach it), the dense path */
     const float floor_logit = stripe_floor(stripe_top, stripes, k, top, top + SPARSE_LOWEST * temperature);
     const float floor_y = (floor_logit - top) * inverse;
-    int64_t count = list_candidates(x, n, top, inverse, floor_y - CANDIDATE_MARGIN, stripe_top, part_top, ids, kept);
+    int64_t count = list_candidates(x, n, top, inverse, floor_y - CANDIDATE_MARGIN, part_top, ids, kept);
     if (count < k) return -1;
     sort_descending(kept, count, scratch); /* the listed logits, largest first (the maxima no longer needed) */
     const float kth_y = (kept[k - 1] - top) * inverse, lowest = kth_y - CANDIDATE_MARGIN;

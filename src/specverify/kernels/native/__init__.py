@@ -380,7 +380,8 @@ def _set_chain_rows(
     rows.temperature = row_address(temperature, start, 1)
     rows.top_k = row_address(top_k, start, 1)
     rows.top_p = row_address(top_p, start, 1)
-    rows.min_p = row_address(min_p, start, 1)
+    if min_p is not None:
+        rows.min_p = row_address(min_p, start, 1)
     rows.dtype, rows.requests, rows.per_position, rows.n = dtype, stop - start, per_position, vocab
     rows.block, rows.rtol, rows.greedy_below = block, rtol, greedy_below
 
@@ -406,27 +407,28 @@ def _draw(
     block: int,
     keys: tuple[int | torch.Tensor, bool, int],
     tokens: torch.Tensor,
-    proposed: torch.Tensor | None = None,
+    bonus: torch.Tensor | None = None,
+    verdicts: tuple[torch.Tensor, torch.Tensor] | None = None,
     draft: torch.Tensor | None = None,
     accept_salt: int = 0,
     dense: torch.Tensor | None = None,
-) -> tuple:
+) -> tuple | None:
     """kernels.c's draw_rows over logits [R, V] or [B, per_position, V] (R = B * per_position). params:
     (temperature, greedy_below, top_k, top_p, min_p, rtol), per request [B] where tensors; keys: (seeds,
-    shared, salt) as _set_keys takes them and the stream's salt; tokens: contiguous int64 of R elements,
-    written with the draws (in the shape the caller returns); proposed: the drafts as given, int [B, per_position - 1] (argmax-mode
-    verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> (first int64 [B] or None, the
-    sampled mode's outputs or None)."""
-    rows, vocab = tokens.numel(), logits.shape[-1]
-    requests, drafted = rows // per_position, per_position - 1
+    shared, salt) as _set_keys takes them and the stream's salt; tokens: contiguous int64, written with the
+    draws: R of them, or with bonus (contiguous int64 [B], the last position's draws) [B, per_position - 1];
+    verdicts: (the drafts as given, int [B, per_position - 1]; first, contiguous int64 [B], written with
+    the argmax-mode verdicts), or draft, accept_salt and dense for sampled mode (draw_rows) -> the sampled
+    mode's outputs, or None."""
+    vocab = logits.shape[-1]
+    requests, drafted = logits.numel() // vocab // per_position, per_position - 1
+    rows, stride = requests * per_position, per_position if bonus is None else drafted
     logits, dtype = _readable(logits)
     params = _readable_params(params)
     seeds, shared, salt = keys
     seeds = _readable_seed(seeds)
-    first = at_draft = accept = sums = kept = None  # (only the tokens, unless asked for)
-    if proposed is not None:
-        proposed = _as(proposed, torch.int64)
-        first = torch.empty(requests, dtype=torch.int64)
+    proposed, first = (None, None) if verdicts is None else (_as(verdicts[0], torch.int64), verdicts[1])
+    at_draft = accept = sums = kept = None  # (only the tokens, unless asked for)
     blocks = -(-vocab // block)
     if draft is not None:
         draft = _as(draft, torch.int64)
@@ -440,23 +442,21 @@ def _draw(
     kernel = load().draw_rows
 
     def run(a: int, b: int) -> None:
-        struct = arguments.DrawArgs(
-            salt=salt,
-            tokens=row_address(tokens, a, per_position),
-            proposed=row_address(proposed, a, drafted),
-            first=row_address(first, a, 1),
-            draft=row_address(draft, a, drafted),
-            accept_salt=accept_salt,
-            at_draft=row_address(at_draft, a, drafted),
-            accept_uniforms=row_address(accept, a, drafted),
-        )
+        struct = arguments.DrawArgs(salt=salt, tokens=row_address(tokens, a, stride))
+        if bonus is not None:  # (fields left NULL are not set: each set costs about 0.1 us)
+            struct.bonus = row_address(bonus, a, 1)
+        if proposed is not None:
+            struct.proposed, struct.first = row_address(proposed, a, drafted), row_address(first, a, 1)
+        if draft is not None:
+            struct.draft, struct.accept_salt = row_address(draft, a, drafted), accept_salt
+            struct.at_draft, struct.accept_uniforms = row_address(at_draft, a, drafted), row_address(accept, a, drafted)
         _set_chain_rows(struct.rows, logits, dtype, per_position, params, block, a, b)
         _set_keys(struct.keys, seeds, shared, a)
         _set_kept_rows(struct.kept, kept, blocks, vocab, a * per_position)
         _run(kernel, "draw_rows", struct)
 
     _split_rows(requests, run)
-    return first, None if draft is None else (at_draft, accept, sums, None if kept is None else kept[:4])
+    return None if draft is None else (at_draft, accept, sums, kept[:4])
 
 
 def draw_rows(
@@ -485,9 +485,7 @@ def draw_rows(
     the kept weights for recover_kept_rows)."""
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
     tokens = torch.empty(logits.shape[0], dtype=torch.int64)
-    _, sampled = _draw(
-        logits, per_position, params, block, (seeds, False, salt), tokens, None, draft, accept_salt, dense
-    )
+    sampled = _draw(logits, per_position, params, block, (seeds, False, salt), tokens, None, None, draft, accept_salt, dense)
     return tokens if sampled is None else (tokens, *sampled)
 
 
@@ -510,14 +508,14 @@ def draw_verdicts(
     accepting its drafts while they equal y. draft_tokens: int [B, K] as given (an id outside [0, V) and
     everything after it is padding); seed: int64 [B] per request, or (shared) an int or int64 [] or [1] for the
     batch -> (first rejected index int64 [B], recovered int64 [B, K] (y at every drafted position), bonus
-    int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, as views of the tokens [B, K + 1]."""
+    int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, each its own tensor."""
     requests, drafted = draft_tokens.shape
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
-    tokens = torch.empty(requests, drafted + 1, dtype=torch.int64)
-    # split before the kernel fills it (views need no data): a torch op right after a pass over the logits
-    # costs about 1 us more (its code evicted); one op where two slices cost two
-    recovered, bonus = tokens.tensor_split((drafted,), 1)
-    first, _ = _draw(logits, drafted + 1, params, block, (seed, shared, salt), tokens, draft_tokens)
+    # three tensors the kernel writes apart (one torch op each: views of one tensor would cost one more)
+    first = torch.empty(requests, dtype=torch.int64)
+    recovered = torch.empty(requests, drafted, dtype=torch.int64)
+    bonus = torch.empty(requests, 1, dtype=torch.int64)
+    _draw(logits, drafted + 1, params, block, (seed, shared, salt), recovered, bonus, (draft_tokens, first))
     return first, recovered, bonus
 
 
@@ -552,10 +550,9 @@ def draw_sampled_verdicts(
     params = _readable_params((temperature, greedy_below, top_k, top_p, min_p, rtol))
     seed = _readable_seed(seed)
     proposed = _as(draft_tokens, torch.int64)
-    tokens = torch.empty(requests, per_position, dtype=torch.int64)
-    bonus = tokens[:, drafted:]  # (before the kernel, as in draw_verdicts)
+    first = torch.empty(requests, dtype=torch.int64)  # (three tensors, as in draw_verdicts)
     recovered = torch.empty(requests, drafted, dtype=torch.int64)
-    first = torch.empty(requests, dtype=torch.int64)
+    bonus = torch.empty(requests, 1, dtype=torch.int64)
     name = "draw_block_verdicts" if by_block else "draw_sampled_verdicts"
     kernel = getattr(load(), name)
 
@@ -567,7 +564,7 @@ def draw_sampled_verdicts(
             proposed=row_address(proposed, a, drafted),
             draft_probs=row_address(draft_probs, a, drafted * vocab),
             dense=row_address(dense, a, per_position * vocab),
-            tokens=row_address(tokens, a, per_position),
+            bonus=row_address(bonus, a, 1),
             recovered=row_address(recovered, a, drafted),
             first=row_address(first, a, 1),
             draft_dtype=draft_dtype,

@@ -145,7 +145,8 @@ class DrawArgs(ctypes.Structure):
         ("rows", ChainRows),  # the logits and their rules
         ("keys", RequestKeys),  # the requests' key bases
         ("salt", _u64),  # rng.stream_salt(STREAM_TARGET)
-        ("tokens", _pointer),  # int64 [B * (K + 1)] out: the draws
+        ("tokens", _pointer),  # int64 [B * (K + 1)] out: the draws; where bonus is set, [B, K]: the drafted positions'
+        ("bonus", _pointer),  # int64 [B] out: position K's draws; or NULL (in tokens)
         ("proposed", _pointer),  # int64 [B, K]: the drafts as given (with first)
         ("first", _pointer),  # int64 [B] out: the first position not accepted; NULL: no verdicts
         ("draft", _pointer),  # int64 [B, K], -1 where none; NULL: argmax mode
@@ -188,7 +189,7 @@ class SampledVerdictArgs(ctypes.Structure):
         ("proposed", _pointer),  # int64 [B, K]: the drafts as given
         ("draft_probs", _pointer),  # [B, K, V] of draft_dtype
         ("dense", _pointer),  # float32 [B * (K + 1), V]: room for dense kept rows
-        ("tokens", _pointer),  # int64 [B, K + 1] out: the draws (the bonus last)
+        ("bonus", _pointer),  # int64 [B] out: the bonus draws (position K's)
         ("recovered", _pointer),  # int64 [B, K] out
         ("first", _pointer),  # int64 [B] out
         ("draft_dtype", _i64),  # draft_probs' element type

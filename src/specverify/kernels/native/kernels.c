@@ -169,7 +169,9 @@ struct draw_args {
     struct chain_rows rows;    /* the logits and their rules */
     struct request_keys keys;  /* the requests' key bases */
     uint64_t salt;             /* the target stream's salt (rng.stream_salt(STREAM_TARGET)) */
-    int64_t *tokens;           /* int64 [requests * per_position] out: the draws */
+    int64_t *tokens;           /* int64 [requests * per_position] out: the draws; where bonus is set,
+                                  [requests, per_position - 1]: the drafted positions' */
+    int64_t *bonus;            /* int64 [requests] out: the last position's draws; or NULL (in tokens) */
     const int64_t *proposed;   /* int64 [requests, per_position - 1]: the drafts as given (with first) */
     int64_t *first;            /* int64 [requests] out: the first position not accepted; NULL: no verdicts */
     const int64_t *draft;      /* int64 [requests, per_position - 1], -1 where none; NULL: argmax mode */
@@ -206,7 +208,7 @@ struct sampled_verdict_args {
     const int64_t *proposed;   /* int64 [requests, per_position - 1]: the drafts as given */
     const void *draft_probs;   /* [requests, per_position - 1, n] of draft_dtype */
     float *dense;              /* float32 [requests * per_position, n]: room for dense kept rows */
-    int64_t *tokens;           /* int64 [requests, per_position] out: the draws (the bonus last) */
+    int64_t *bonus;            /* int64 [requests] out: the bonus draws (the last position's) */
     int64_t *recovered;        /* int64 [requests, per_position - 1] out */
     int64_t *first;            /* int64 [requests] out */
     int64_t draft_dtype;       /* draft_probs' element type */
@@ -1704,21 +1706,30 @@ static inline uint64_t request_seed(const struct request_keys *keys, int64_t b) 
     return (keys->seeds ? (uint64_t)keys->seeds[b * keys->seeds_step] : 0u) + keys->offset + (uint64_t)b * keys->row_stride;
 }
 
-/* The argmax-mode verdicts of `requests` requests (SPEC §3.1, §3.3) from their draws tokens [requests,
- * per_position]: request b accepts its drafts proposed[b, j] (as given: an id outside [0, n) and every
- * position after it is padding, never accepted) while they equal y_bj; first[b] is the first position
- * not accepted (per_position - 1 when all are). */
-static void first_rejections(const int64_t *proposed, const int64_t *tokens, int64_t requests, int64_t per_position,
-                             int64_t n, int64_t *first) {
+/* The argmax-mode verdicts of `requests` requests (SPEC §3.1, §3.3) from their draws at the drafted
+ * positions, tokens [requests, stride] (stride per_position, or per_position - 1 where the bonus draws lie
+ * apart): request b accepts its drafts proposed[b, j] (as given: an id outside [0, n) and every position
+ * after it is padding, never accepted) while they equal y_bj; first[b] is the first position not accepted
+ * (per_position - 1 when all are). */
+static void first_rejections(const int64_t *proposed, const int64_t *tokens, int64_t stride, int64_t requests,
+                             int64_t per_position, int64_t n, int64_t *first) {
     const int64_t drafted = per_position - 1;
     for (int64_t b = 0; b < requests; b++) {
         int64_t j = 0;
         for (; j < drafted; j++) {
             const int64_t d = proposed[b * drafted + j];
-            if (d < 0 || d >= n || d != tokens[b * per_position + j]) break;
+            if (d < 0 || d >= n || d != tokens[b * stride + j]) break;
         }
         first[b] = j;
     }
+}
+
+/* Where the draw of row r of draw_rows goes: tokens[r], or where the bonus draws lie apart (a->bonus),
+ * bonus[b] for the last position of request b and tokens[b, j] of [requests, per_position - 1] before it. */
+static inline int64_t *draw_slot(const struct draw_args *a, int64_t r) {
+    const int64_t per_position = a->rows.per_position, b = r / per_position, j = r % per_position;
+    if (!a->bonus) return a->tokens + r;
+    return j == per_position - 1 ? a->bonus + b : a->tokens + b * (per_position - 1) + j;
 }
 
 /* A thread's row_buffers for rows of n values in blocks (all NULL where one was refused: the refusal is
@@ -1779,13 +1790,13 @@ IN_CLONE void draw_row(const struct draw_args *a, int64_t r, struct row_buffers 
     double *sums = a->draft ? a->kept.block_sums + r * blocks : buffers->sums;
     const float *x = float_row(rules->logits, (int)rules->dtype, r, n, row); /* converted in place of the weights */
     if (!recovers && untruncated(rules, b) && !(rules->temperature[b] < rules->greedy_below)) {
-        a->tokens[r] = draw_untruncated(x, n, rules->temperature[b], block, keyed_uniform(key, a->salt), row, sums);
+        *draw_slot(a, r) = draw_untruncated(x, n, rules->temperature[b], block, keyed_uniform(key, a->salt), row, sums);
         return;
     }
     const int64_t count = weigh_kept(x, rules, b, a->kept.capacity, row, buffers, sums);
     const float *w = count < 0 ? row : buffers->kept;
     const int32_t *held = count < 0 ? NULL : buffers->ids;
-    a->tokens[r] = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, a->salt));
+    *draw_slot(a, r) = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, a->salt));
     if (recovers) hand_over(a, r, b * drafted + j, key, count, w, held);
 }
 
@@ -1821,7 +1832,7 @@ IN_CLONE void split_greedy_rows(const struct draw_args *a, int64_t rows, int64_t
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++)
         if (greedy_row(rules, r))
-            a->tokens[r] = first_of_largest((const float *)rules->logits + r * n, best + r * parts, from + r * parts, parts);
+            *draw_slot(a, r) = first_of_largest((const float *)rules->logits + r * n, best + r * parts, from + r * parts, parts);
 }
 
 /* The target draws of the stochastic rows of a verifier call (SPEC §2, §4; struct draw_args), the weights
@@ -1847,7 +1858,10 @@ CLONES int64_t draw_rows(const struct draw_args *a) {
         if (ready && !(parts > 1 && greedy_row(rules, r))) draw_row(a, r, &buffers);
     free_row_buffers(&buffers);
     }
-    if (a->first && !refused) first_rejections(a->proposed, a->tokens, rules->requests, rules->per_position, n, a->first);
+    if (a->first && !refused) {
+        const int64_t stride = a->bonus ? rules->per_position - 1 : rules->per_position;
+        first_rejections(a->proposed, a->tokens, stride, rules->requests, rules->per_position, n, a->first);
+    }
     return refused;
 }
 
@@ -1894,6 +1908,7 @@ CLONES int64_t recover_kept_rows(const struct recover_kept_args *a) {
  * said, and the kept weights of every row. */
 struct verdict_buffers {
     int64_t *draft;      /* the drafts, padding as -1 */
+    int64_t *targets;    /* the target draws y (not an output of sampled mode) */
     int64_t *drawn;      /* the recovery draws */
     int32_t *mode;       /* each position's recovery mode */
     uint8_t *accepted;   /* the ratio test's verdicts */
@@ -1911,6 +1926,7 @@ static struct verdict_buffers verdict_buffers_of(const struct sampled_verdict_ar
     const uint64_t positions = (uint64_t)(rules->requests * (rules->per_position - 1)), blocks = (uint64_t)((rules->n + rules->block - 1) / rules->block);
     struct verdict_buffers buffers = {
         .draft = allocate(positions * sizeof(int64_t), refused),
+        .targets = allocate(positions * sizeof(int64_t), refused),
         .drawn = allocate(positions * sizeof(int64_t), refused),
         .mode = allocate(positions * sizeof(int32_t), refused),
         .accepted = allocate(positions, refused),
@@ -1931,6 +1947,7 @@ static struct verdict_buffers verdict_buffers_of(const struct sampled_verdict_ar
 
 static void free_verdict_buffers(struct verdict_buffers *buffers) {
     free(buffers->draft);
+    free(buffers->targets);
     free(buffers->drawn);
     free(buffers->mode);
     free(buffers->accepted);
@@ -1986,7 +2003,7 @@ IN_CLONE void judge_drafts(const struct sampled_verdict_args *a, struct verdict_
 static int64_t draw_for_verdicts(const struct sampled_verdict_args *a, struct verdict_buffers *v) {
     const struct chain_rows *rules = &a->rows;
     pad_drafts(a->proposed, rules->requests, rules->per_position - 1, rules->n, v->draft);
-    const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = a->tokens,
+    const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = v->targets, .bonus = a->bonus,
                                     .draft = v->draft, .accept_salt = a->accept_salt, .at_draft = v->at_draft,
                                     .accept_uniforms = v->accept, .kept = v->kept};
     return draw_rows(&draws);
@@ -2336,7 +2353,7 @@ static int64_t judge_blocks(const struct sampled_verdict_args *a, struct verdict
 /* The block verdicts of a sampled-mode chain call (SPEC §3.6) in one call, on draw_sampled_verdicts'
  * struct and with its outputs, in stages: draw_for_verdicts' draws and kept weights; each request's joint
  * ratios and whole-block test (start_blocks); the verdicts (judge_blocks). first[b] = tau, the longest kept
- * prefix; recovered: the drafts before tau, the stages' draws from tau on; the bonus in tokens. */
+ * prefix; recovered: the drafts before tau, the stages' draws from tau on; the bonus draws in bonus. */
 int64_t draw_block_verdicts(const struct sampled_verdict_args *a) {
     const int64_t requests = a->rows.requests, drafted = a->rows.per_position - 1;
     int64_t refused = 0;

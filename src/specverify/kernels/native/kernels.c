@@ -1441,8 +1441,17 @@ IN_CLONE int lanes_flagged(const uint8_t *flags, int *lanes) {
  * part's rows (loops of fixed length: no mispredicted exits), then listed row by row. */
 IN_CLONE int64_t list_part(const float *x, int64_t from, int64_t to, const int *lanes, int used, float top,
                            float inverse, float lowest, int32_t *ids, float *values, int64_t count) {
-    uint64_t marks[STRIPE_BLOCK / STRIPE_PARTS / STREAM_LANES] = {0};
     const int64_t rows = (to - from + STREAM_LANES - 1) / STREAM_LANES;
+    if (used == 1) { /* one lane (most parts): its rows in order, appended without a branch */
+        for (int64_t row = 0; row < rows; row++) {
+            const int64_t i = from + row * STREAM_LANES + lanes[0], at = i < to ? i : to - 1;
+            ids[count] = (int32_t)i;
+            values[count] = x[at];
+            count += i < to && (x[at] - top) * inverse >= lowest;
+        }
+        return count;
+    }
+    uint64_t marks[STRIPE_BLOCK / STRIPE_PARTS / STREAM_LANES] = {0};
     for (int u = 0; u < used; u++)
         for (int64_t row = 0; row < rows; row++) {
             const int64_t i = from + row * STREAM_LANES + lanes[u];

@@ -485,7 +485,9 @@ def draw_rows(
     the kept weights for recover_kept_rows)."""
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
     tokens = torch.empty(logits.shape[0], dtype=torch.int64)
-    sampled = _draw(logits, per_position, params, block, (seeds, False, salt), tokens, None, None, draft, accept_salt, dense)
+    sampled = _draw(
+        logits, per_position, params, block, (seeds, False, salt), tokens, None, None, draft, accept_salt, dense
+    )
     return tokens if sampled is None else (tokens, *sampled)
 
 

@@ -1437,8 +1437,9 @@ IN_CLONE int lanes_flagged(const uint8_t *flags, int *lanes) {
 
 /* The tokens in [from, to) (rows of STREAM_LANES values from `from`, at most STRIPE_BLOCK / STRIPE_PARTS
  * values) at the given lanes whose y = (x - top) * inverse is >= lowest, appended in order to ids and
- * their logits to values from `count` on; returns the new count. Marked lane by lane in a bitmap of the
- * part's rows (loops of fixed length: no mispredicted exits), then listed row by row. */
+ * their logits to values from `count` on; returns the new count. At one lane, its rows in order; at more,
+ * marked lane by lane in a bitmap of the part's rows (loops of fixed length: no mispredicted exits), then
+ * listed row by row. */
 IN_CLONE int64_t list_part(const float *x, int64_t from, int64_t to, const int *lanes, int used, float top,
                            float inverse, float lowest, int32_t *ids, float *values, int64_t count) {
     const int64_t rows = (to - from + STREAM_LANES - 1) / STREAM_LANES;
@@ -1841,7 +1842,8 @@ IN_CLONE void split_greedy_rows(const struct draw_args *a, int64_t rows, int64_t
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++)
         if (greedy_row(rules, r))
-            *draw_slot(a, r) = first_of_largest((const float *)rules->logits + r * n, best + r * parts, from + r * parts, parts);
+            *draw_slot(a, r) =
+                first_of_largest((const float *)rules->logits + r * n, best + r * parts, from + r * parts, parts);
 }
 
 /* The target draws of the stochastic rows of a verifier call (SPEC §2, §4; struct draw_args), the weights
@@ -2012,9 +2014,9 @@ IN_CLONE void judge_drafts(const struct sampled_verdict_args *a, struct verdict_
 static int64_t draw_for_verdicts(const struct sampled_verdict_args *a, struct verdict_buffers *v) {
     const struct chain_rows *rules = &a->rows;
     pad_drafts(a->proposed, rules->requests, rules->per_position - 1, rules->n, v->draft);
-    const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = v->targets, .bonus = a->bonus,
-                                    .draft = v->draft, .accept_salt = a->accept_salt, .at_draft = v->at_draft,
-                                    .accept_uniforms = v->accept, .kept = v->kept};
+    const struct draw_args draws = {.rows = *rules, .keys = a->keys, .salt = a->salt, .tokens = v->targets,
+                                    .bonus = a->bonus, .draft = v->draft, .accept_salt = a->accept_salt,
+                                    .at_draft = v->at_draft, .accept_uniforms = v->accept, .kept = v->kept};
     return draw_rows(&draws);
 }
 

@@ -491,6 +491,17 @@ def draw_rows(
     return tokens if sampled is None else (tokens, *sampled)
 
 
+def _verdict_outputs(requests: int, drafted: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chain call's outputs, for the kernel to write: first int64 [B], recovered int64 [B, K], bonus int64
+    [B, 1], three tensors (one torch op each: views of one tensor would cost one op more)."""
+    int64 = torch.int64
+    return (
+        torch.empty(requests, dtype=int64),
+        torch.empty(requests, drafted, dtype=int64),
+        torch.empty(requests, 1, dtype=int64),
+    )
+
+
 def draw_verdicts(
     logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -513,10 +524,7 @@ def draw_verdicts(
     int64 [B, 1]): the outputs argmax_verdict and greedy_verdict give, each its own tensor."""
     requests, drafted = draft_tokens.shape
     params = (temperature, greedy_below, top_k, top_p, min_p, rtol)
-    # three tensors the kernel writes apart (one torch op each: views of one tensor would cost one more)
-    first = torch.empty(requests, dtype=torch.int64)
-    recovered = torch.empty(requests, drafted, dtype=torch.int64)
-    bonus = torch.empty(requests, 1, dtype=torch.int64)
+    first, recovered, bonus = _verdict_outputs(requests, drafted)
     _draw(logits, drafted + 1, params, block, (seed, shared, salt), recovered, bonus, (draft_tokens, first))
     return first, recovered, bonus
 
@@ -552,9 +560,7 @@ def draw_sampled_verdicts(
     params = _readable_params((temperature, greedy_below, top_k, top_p, min_p, rtol))
     seed = _readable_seed(seed)
     proposed = _as(draft_tokens, torch.int64)
-    first = torch.empty(requests, dtype=torch.int64)  # (three tensors, as in draw_verdicts)
-    recovered = torch.empty(requests, drafted, dtype=torch.int64)
-    bonus = torch.empty(requests, 1, dtype=torch.int64)
+    first, recovered, bonus = _verdict_outputs(requests, drafted)
     name = "draw_block_verdicts" if by_block else "draw_sampled_verdicts"
     kernel = getattr(load(), name)
 

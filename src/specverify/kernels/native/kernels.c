@@ -680,16 +680,22 @@ IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct s
 /* Values per step of list_bracket (a multiple of 16). */
 #define LIST_STEP 64
 
+/* 64 byte flags (each 0 or 1) as the bits of one word, flag j at bit j: each 8 flags, read as one
+ * little-endian word, gathered by one multiply. */
+static inline uint64_t mask_of_flags(const uint8_t *flags) {
+    uint64_t group[8], mask = 0;
+    memcpy(group, flags, sizeof group);
+    for (int g = 0; g < 8; g++) mask |= (group[g] * 0x0102040810204080ull >> 56) << (8 * g);
+    return mask;
+}
+
 /* The values of LIST_STEP from `at` whose bits are in [from, from + span) appended in order to list[count..];
- * returns the new count. Byte flags (vectorised), gathered into a 64-bit mask (each 8 flags, read as one
- * little-endian word, by one multiply), whose set bits are walked: no branch on which values pass. */
+ * returns the new count. Byte flags (vectorised), gathered into a 64-bit mask (mask_of_flags), whose set
+ * bits are walked: no branch on which values pass. */
 IN_CLONE int64_t list_step(const float *at, uint32_t from, uint32_t span, float *list, int64_t count) {
     uint8_t in[LIST_STEP];
-    uint64_t group[LIST_STEP / 8], mask = 0;
     for (int j = 0; j < LIST_STEP; j++) in[j] = bits_of(at[j]) - from < span;
-    memcpy(group, in, sizeof group);
-    for (int g = 0; g < LIST_STEP / 8; g++) mask |= (group[g] * 0x0102040810204080ull >> 56) << (8 * g);
-    for (; mask; mask &= mask - 1) list[count++] = at[__builtin_ctzll(mask)];
+    for (uint64_t mask = mask_of_flags(in); mask; mask &= mask - 1) list[count++] = at[__builtin_ctzll(mask)];
     return count;
 }
 
@@ -1420,18 +1426,10 @@ IN_CLONE float stripe_floor(const float *stripe_top, int64_t stripes, int64_t k,
 }
 
 /* The lanes whose flag (a byte, 0 or 1) is set among flags[STREAM_LANES], in order, into lanes; returns
- * how many. Eight flags are read at once and passed over where none is set (most of them). */
+ * how many (the set bits of mask_of_flags, walked). */
 IN_CLONE int lanes_flagged(const uint8_t *flags, int *lanes) {
     int used = 0;
-    for (int at = 0; at < STREAM_LANES; at += 8) {
-        uint64_t any;
-        memcpy(&any, flags + at, sizeof any);
-        if (!any) continue;
-        for (int lane = at; lane < at + 8; lane++) { /* (branch-free: which lanes are set is unpredictable) */
-            lanes[used] = lane;
-            used += flags[lane];
-        }
-    }
+    for (uint64_t mask = mask_of_flags(flags); mask; mask &= mask - 1) lanes[used++] = __builtin_ctzll(mask);
     return used;
 }
 

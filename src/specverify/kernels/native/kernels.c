@@ -654,16 +654,17 @@ static inline int sift_cuts(const struct sift_bracket *s, int interpolate, float
     return cuts;
 }
 
-/* One pass of the search: the weight estimated at the cuts (estimate_at_cuts, estimate_at_two), the
- * bracket's ends moved to the cuts that are surely on either side of the target. */
-IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct sift_bracket *s) {
-    float cut[CUTS];
-    double weight[CUTS];
-    const int cuts = sift_cuts(s, interpolate, cut);
+/* The weight of the row's values at or above each of a pass's cuts, estimated (estimate_at_two for two,
+ * else estimate_at_cuts). */
+IN_CLONE void estimate_at(const float *row, int64_t n, int cuts, const float *cut, double *weight) {
     if (cuts == 2)
         estimate_at_two(row, n, cut[0], cut[1], weight);
     else
         estimate_at_cuts(row, n, cut, weight);
+}
+
+/* The bracket's ends moved to the cuts whose estimated weights are surely on either side of the target. */
+static inline void sift_update(struct sift_bracket *s, int cuts, const float *cut, const double *weight) {
     const double slack = 1.0 + 3.0 * ESTIMATE_ERROR; /* the estimates' and the target's */
     for (int j = 0; j < cuts; j++) {
         if (weight[j] >= s->target * slack && bits_of(cut[j]) > s->low) {
@@ -675,6 +676,16 @@ IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct s
             s->weight_high = weight[j];
         }
     }
+}
+
+/* One pass of the search: the weight estimated at the cuts (estimate_at), the bracket narrowed
+ * (sift_update). */
+IN_CLONE void sift_narrow(const float *row, int64_t n, int interpolate, struct sift_bracket *s) {
+    float cut[CUTS];
+    double weight[CUTS];
+    const int cuts = sift_cuts(s, interpolate, cut);
+    estimate_at(row, n, cuts, cut, weight);
+    sift_update(s, cuts, cut, weight);
 }
 
 /* Values per step of list_bracket (a multiple of 16). */
@@ -730,20 +741,30 @@ IN_CLONE int64_t list_bracket(const float *row, int64_t n, float low, float high
     return count;
 }
 
-/* The search's threshold from its final bracket, or -1 where it is not certain: the bracket's values
- * listed into scratch (scratch_size(n)) with the row's weight and the weight above the bracket
- * (list_bracket), the target top_p times the former, the values resolved by refine_threshold, whose last
- * sums give the weight above the threshold t and at it. t is nucleus_threshold's threshold for sure where
- * those sums miss the target by more than SIFT_MARGIN of the row's weight (see nucleus_sifted). */
+/* The search's threshold from the `count` values of its final bracket listed in `listed` (list_bracket's
+ * order; reordered here) and list_bracket's sums of the n values' row (sums[0] its weight, sums[1] the
+ * weight above the bracket), or -1 where it is not certain: the target top_p times the row's weight, the
+ * values resolved by refine_threshold, whose last sums give the weight above the threshold t and at it. t
+ * is nucleus_threshold's threshold for sure where those sums miss the target by more than SIFT_MARGIN of
+ * the row's weight (see nucleus_sifted). */
 #define SIFT_MARGIN(n) ((4.0 * (double)(n) + 16384.0) * 0x1p-53)
-IN_CLONE float sift_resolve(const float *row, int64_t n, const struct sift_bracket *s, double top_p, float *scratch) {
+static inline float sift_certified(const struct sift_bracket *s, int64_t n, double top_p, float *listed, int64_t count,
+                                   const double *sums) {
     const float low = float_of(s->low), high = float_of(s->high);
-    double sums[2], reached[2];
-    const int64_t count = list_bracket(row, n, low, high, scratch, sums);
     const double target = top_p * sums[0], margin = SIFT_MARGIN(n) * sums[0];
-    const float threshold = refine_threshold(scratch, count, 1, sums[1], target, 0u, 20, reached);
+    double reached[2];
+    const float threshold = refine_threshold(listed, count, 1, sums[1], target, 0u, 20, reached);
     const int inside = sums[0] > 0.0 && threshold >= low && threshold < high;
     return inside && reached[0] < target - margin && reached[0] + reached[1] >= target + margin ? threshold : -1.0f;
+}
+
+/* The search's threshold from its final bracket, or -1 where it is not certain: the bracket's values
+ * listed into scratch (scratch_size(n)) with the row's weight and the weight above the bracket
+ * (list_bracket), then sift_certified. */
+IN_CLONE float sift_resolve(const float *row, int64_t n, const struct sift_bracket *s, double top_p, float *scratch) {
+    double sums[2];
+    const int64_t count = list_bracket(row, n, float_of(s->low), float_of(s->high), scratch, sums);
+    return sift_certified(s, n, top_p, scratch, count, sums);
 }
 
 /* nucleus_threshold(row, n, 0, top_p, scratch) of a row of weights in [0, 1] whose largest is 1 (its max
@@ -1054,6 +1075,13 @@ IN_CLONE void keep_at_least(float *row, int64_t n, float threshold, int64_t bloc
     }
 }
 
+/* The larger of a kept-set threshold and the min-p ratio (min_p: NULL for none), which the largest weight
+ * of 1 makes an absolute threshold. */
+static inline float at_least_min_p(float threshold, const float *min_p, double rtol) {
+    const float ratio = min_p ? (float)((double)*min_p * (1.0 - rtol)) : 0.0f;
+    return ratio > threshold ? ratio : threshold;
+}
+
 /* One row's truncated weights (SPEC §2, not greedy), dense: row[i] = exp((x[i] - max x) / T) (the largest
  * exactly 1; a non-finite max counts as 0), zero below max(k-th largest, nucleus threshold on the
  * top-k-renormalised row, min_p) (min_p: NULL for none), and the sums of each block of `block` kept weights
@@ -1063,12 +1091,8 @@ IN_CLONE void weigh_dense(const float *x, int64_t n, float temperature, int64_t 
                                double rtol, int64_t block, float *row, float *scratch, double *sums) {
     const float largest = row_max(x, n), top = isfinite(largest) ? largest : 0.0f;
     const double estimate = exp_row(x, n, top, 1.0f / temperature, row);
-    float threshold = row_threshold(row, n, k, top_p, rtol, scratch, isfinite(largest) ? estimate : -1.0);
-    if (min_p) {
-        const float ratio = (float)((double)*min_p * (1.0 - rtol));
-        if (ratio > threshold) threshold = ratio;
-    }
-    keep_at_least(row, n, threshold, block, sums);
+    const float threshold = row_threshold(row, n, k, top_p, rtol, scratch, isfinite(largest) ? estimate : -1.0);
+    keep_at_least(row, n, at_least_min_p(threshold, min_p, rtol), block, sums);
 }
 
 /* One output row r of weigh_rows (scratch: scratch_size(n) floats). */
@@ -1663,27 +1687,38 @@ IN_CLONE double exp_block_sum(const float *x, int64_t start, int64_t end, float 
     return sum;
 }
 
-/* The draw of an untruncated row (temperature only: no top-k, top-p or min-p; not greedy) without writing
- * its weights out: the block sums of w = exp((x - max) / T), as weigh_dense and keep_at_least make them,
- * in one pass over the logits, then the weights of the one block the draw lands in, written to row (x may
- * be row); returns the token draw gives on the whole row. sums: ceil(n / block) doubles. */
-IN_CLONE int64_t draw_untruncated(const float *x, int64_t n, float temperature, int64_t block, double uniform,
-                                  float *row, double *sums) {
-    float top = row_max(x, n);
-    top = isfinite(top) ? top : 0.0f;
-    const float inverse = 1.0f / temperature;
+/* The block sums of the blocks in [start, end) (start a multiple of block) of an untruncated row's
+ * weights w = exp((x - top) / T) (exp_block_sum, as keep_at_least sums them), without writing them out. */
+IN_CLONE void untruncated_sums(const float *x, int64_t n, int64_t start, int64_t end, float top, float inverse,
+                               int64_t block, double *sums) {
+    for (int64_t from = start; from < end; from += block)
+        sums[from / block] = exp_block_sum(x, from, from + block < n ? from + block : n, top, inverse);
+}
+
+/* The token draw gives on an untruncated row from its block sums (untruncated_sums): the weights of the
+ * one block the draw lands in written to row (x may be row), then draw. */
+IN_CLONE int64_t draw_from_sums(const float *x, int64_t n, float top, float inverse, int64_t block, double uniform,
+                                float *row, const double *sums) {
     const int64_t blocks = (n + block - 1) / block;
-    double total = 0.0;
-    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
-        sums[b] = exp_block_sum(x, start, start + block < n ? start + block : n, top, inverse);
-        total += sums[b];
-    }
-    double before;
+    double total = 0.0, before;
+    for (int64_t b = 0; b < blocks; b++) total += sums[b];
     const int64_t chosen = choose_block(sums, blocks, uniform * total, &before);
     if (chosen >= 0)
         for (int64_t i = chosen * block, end = i + block < n ? i + block : n; i < end; i++)
             row[i] = exp_nonpositive((x[i] - top) * inverse);
     return draw(row, NULL, 0, NULL, 1.0f, -1, n, block, sums, uniform);
+}
+
+/* The draw of an untruncated row (temperature only: no top-k, top-p or min-p; not greedy) without writing
+ * its weights out: the block sums of w = exp((x - max) / T), as weigh_dense and keep_at_least make them,
+ * in one pass over the logits (untruncated_sums), then draw_from_sums; returns the token draw gives on the
+ * whole row. sums: ceil(n / block) doubles. */
+IN_CLONE int64_t draw_untruncated(const float *x, int64_t n, float temperature, int64_t block, double uniform,
+                                  float *row, double *sums) {
+    float top = row_max(x, n);
+    top = isfinite(top) ? top : 0.0f;
+    untruncated_sums(x, n, 0, n, top, 1.0f / temperature, block, sums);
+    return draw_from_sums(x, n, top, 1.0f / temperature, block, uniform, row, sums);
 }
 
 /* SplitMix64's finaliser (rng.mix64). */
@@ -1785,27 +1820,61 @@ static inline void hand_over(const struct draw_args *a, int64_t r, int64_t posit
     memcpy(a->kept.weights + r * capacity, w, (size_t)count * sizeof *w);
 }
 
+/* The key of row r = b * per_position + j of a chain call: s_b + j (request_seed). */
+static inline uint64_t row_key(const struct draw_args *a, int64_t r) {
+    return request_seed(&a->keys, r / a->rows.per_position) + (uint64_t)(r % a->rows.per_position);
+}
+
+/* Whether row r's weights go to sampled mode's recovery draw (a drafted position's row). */
+static inline int recovers_row(const struct draw_args *a, int64_t r) {
+    return a->draft && r % a->rows.per_position < a->rows.per_position - 1;
+}
+
+/* Where row r's dense weights go: the recovery's row of a->kept.dense, else `own` (a thread's buffer). */
+static inline float *weights_of_row(const struct draw_args *a, int64_t r, float *own) {
+    return recovers_row(a, r) ? a->kept.dense + r * a->rows.n : own;
+}
+
+/* Where row r's block sums go: sampled mode's a->kept.block_sums, else `own` (a thread's buffer). */
+static inline double *sums_of_row(const struct draw_args *a, int64_t r, double *own) {
+    const int64_t blocks = (a->rows.n + a->rows.block - 1) / a->rows.block;
+    return a->draft ? a->kept.block_sums + r * blocks : own;
+}
+
+/* Whether row r is drawn by draw_untruncated: temperature only, not greedy, not handed over. */
+static inline int drawn_untruncated(const struct draw_args *a, int64_t r) {
+    const int64_t b = r / a->rows.per_position;
+    return !recovers_row(a, r) && untruncated(&a->rows, b) && !(a->rows.temperature[b] < a->rows.greedy_below);
+}
+
+/* Stage of draw_row: the draw from row r's kept weights (a short list of count (held, w), or the dense row
+ * w where count is -1) with the keyed uniform of s_b + j, then the hand-over of sampled mode's drafted
+ * positions (hand_over). */
+IN_CLONE void finish_row(const struct draw_args *a, int64_t r, int64_t count, const float *w, const int32_t *held,
+                         const double *sums) {
+    const struct chain_rows *rules = &a->rows;
+    const uint64_t key = row_key(a, r);
+    *draw_slot(a, r) = draw(w, held, count, NULL, 1.0f, -1, rules->n, rules->block, sums, keyed_uniform(key, a->salt));
+    const int64_t b = r / rules->per_position, j = r % rules->per_position;
+    if (recovers_row(a, r)) hand_over(a, r, b * (rules->per_position - 1) + j, key, count, w, held);
+}
+
 /* One row r = b * per_position + j of draw_rows, in stages: its logits as float32; weigh (temperature only
  * and not handed on: the block sums alone, draw_untruncated; else weigh_kept, sparse where it can); draw
- * with the keyed uniform of s_b + j; hand over what sampled mode's drafted positions need (hand_over). */
+ * and hand over (finish_row). */
 IN_CLONE void draw_row(const struct draw_args *a, int64_t r, struct row_buffers *buffers) {
     const struct chain_rows *rules = &a->rows;
-    const int64_t n = rules->n, block = rules->block, blocks = (n + block - 1) / block;
-    const int64_t b = r / rules->per_position, j = r % rules->per_position, drafted = rules->per_position - 1;
-    const uint64_t key = request_seed(&a->keys, b) + (uint64_t)j;
-    const int recovers = a->draft && j < drafted; /* its weights go to the recovery draw */
-    float *row = recovers ? a->kept.dense + r * n : buffers->row;
-    double *sums = a->draft ? a->kept.block_sums + r * blocks : buffers->sums;
+    const int64_t n = rules->n, b = r / rules->per_position;
+    float *row = weights_of_row(a, r, buffers->row);
+    double *sums = sums_of_row(a, r, buffers->sums);
     const float *x = float_row(rules->logits, (int)rules->dtype, r, n, row); /* converted in place of the weights */
-    if (!recovers && untruncated(rules, b) && !(rules->temperature[b] < rules->greedy_below)) {
-        *draw_slot(a, r) = draw_untruncated(x, n, rules->temperature[b], block, keyed_uniform(key, a->salt), row, sums);
+    if (drawn_untruncated(a, r)) {
+        const double uniform = keyed_uniform(row_key(a, r), a->salt);
+        *draw_slot(a, r) = draw_untruncated(x, n, rules->temperature[b], rules->block, uniform, row, sums);
         return;
     }
     const int64_t count = weigh_kept(x, rules, b, a->kept.capacity, row, buffers, sums);
-    const float *w = count < 0 ? row : buffers->kept;
-    const int32_t *held = count < 0 ? NULL : buffers->ids;
-    *draw_slot(a, r) = draw(w, held, count, NULL, 1.0f, -1, n, block, sums, keyed_uniform(key, a->salt));
-    if (recovers) hand_over(a, r, b * drafted + j, key, count, w, held);
+    finish_row(a, r, count, count < 0 ? row : buffers->kept, count < 0 ? NULL : buffers->ids, sums);
 }
 
 /* Whether row r of a chain call is greedy (its request's temperature below greedy_below). */
@@ -1844,6 +1913,227 @@ IN_CLONE void split_greedy_rows(const struct draw_args *a, int64_t rows, int64_t
                 first_of_largest((const float *)rules->logits + r * n, best + r * parts, from + r * parts, parts);
 }
 
+/* ---- The last rows of a call with few rows, each weighed by the whole team (team_rows): the five rows of
+ * a B = 1, K = 4 call would leave one of two threads three rows; instead each thread weighs two and half of
+ * the fifth. A part is a share of the row's blocks (part_of_row); its max, exp, nucleus search and block
+ * sums run on every part at once, met at barriers where a stage needs the whole row's result (team_wait);
+ * part 0 resolves the search and draws. The tokens and hand-overs are draw_row's, bit for bit: the parts'
+ * running maxima met lane by lane in row order are lane_maxima's; the weights are elementwise, each part
+ * starting at a multiple of the block (a multiple of EXP_CHUNK), the last ending where the row does; the
+ * block sums are summed block by block as before; the threshold is nucleus_sifted's (its estimates only
+ * steer the search, and its certificate holds for sums of the same terms in any order) or
+ * nucleus_threshold's. ---- */
+
+/* At most this many threads weigh one row together. */
+#define TEAM_PARTS 8
+
+/* What the team's threads share while they weigh a row together; each part writes its own entries. */
+struct team_row {
+    float *row;                            /* [n]: part 0's row buffer (a row no output holds) */
+    double *sums;                          /* [ceil(n / block)]: part 0's block sums buffer (likewise) */
+    int ready[TEAM_PARTS];                 /* whether each part's buffers were allocated */
+    float lanes[TEAM_PARTS][STREAM_LANES]; /* each part's running maxima (lane_maxima) */
+    double estimate[TEAM_PARTS];           /* each part's estimated weight (exp_row) */
+    double weight[2][TEAM_PARTS][CUTS];    /* each part's estimates at a pass's cuts, by the pass's parity */
+    const float *listed[TEAM_PARTS];       /* each part's values in the search's last bracket (its scratch) */
+    int64_t count[TEAM_PARTS];             /* how many */
+    double listed_sums[TEAM_PARTS][2];     /* each part's list_bracket sums */
+    float threshold;                       /* the kept set's threshold, from part 0 */
+};
+
+/* Test hooks of the team's rows (tests/kernels/test_native_team.py): whether a call's last rows may be
+ * weighed by the team (1, the default) or each by one thread (0); how many rows the team weighed, read and
+ * reset. */
+static int64_t teaming = 1, team_weighed = 0;
+
+void specverify_team(int64_t on) {
+    teaming = on;
+}
+
+int64_t specverify_team_rows(void) {
+    return __atomic_exchange_n(&team_weighed, 0, __ATOMIC_RELAXED);
+}
+
+/* Every thread of the team waits here for the others (a team of one goes on). */
+static inline void team_wait(void) {
+#pragma omp barrier
+}
+
+/* This thread's part and the team's parts (0 and 1 without OpenMP). */
+static inline int64_t team_part(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static inline int64_t team_parts(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Part `part` of `parts` of a row of n values: [*start, *end), whole blocks of `block`. */
+static inline void part_of_row(int64_t n, int64_t block, int64_t part, int64_t parts, int64_t *start, int64_t *end) {
+    const int64_t blocks = (n + block - 1) / block, stop = blocks * (part + 1) / parts * block;
+    *start = blocks * part / parts * block;
+    *end = stop < n ? stop : n;
+}
+
+/* The row's largest value, row_max's: each part's running maxima (lane_maxima), met lane by lane in row
+ * order. */
+IN_CLONE float team_max(const float *x, int64_t start, int64_t end, int64_t part, int64_t parts, struct team_row *t) {
+    lane_maxima(x, start, end, t->lanes[part]);
+    team_wait();
+    float lanes[STREAM_LANES];
+    memcpy(lanes, t->lanes[0], sizeof lanes);
+    for (int64_t p = 1; p < parts; p++)
+        for (int lane = 0; lane < STREAM_LANES; lane++) lanes[lane] = larger(t->lanes[p][lane], lanes[lane]);
+    return lanes_max(lanes);
+}
+
+/* Part 0's stage of team_nucleus: the parts' values in the last bracket joined in row order into its
+ * scratch and their sums added, then sift_certified; nucleus_threshold's threshold where that is not
+ * certain. */
+static inline float team_resolve(const struct sift_bracket *s, const float *row, int64_t n, double top_p,
+                                 int64_t parts, float *scratch, const struct team_row *t) {
+    double sums[2] = {0.0, 0.0};
+    int64_t count = 0;
+    for (int64_t p = 0; p < parts; p++) {
+        memmove(scratch + count, t->listed[p], (size_t)t->count[p] * sizeof *scratch);
+        count += t->count[p];
+        sums[0] += t->listed_sums[p][0];
+        sums[1] += t->listed_sums[p][1];
+    }
+    const float threshold = sift_certified(s, n, top_p, scratch, count, sums);
+    if (threshold >= 0.0f) return threshold;
+    __atomic_fetch_add(&sift_fallbacks, 1, __ATOMIC_RELAXED);
+    return nucleus_threshold(row, n, 0.0f, top_p, scratch);
+}
+
+/* nucleus_sifted's threshold of the row of n weights: each pass's estimates summed over the parts, the
+ * last bracket's values listed by each part (list_bracket), joined and resolved by part 0
+ * (sift_certified), nucleus_threshold's where that is not certain. Every part returns it. */
+IN_CLONE float team_nucleus(const float *row, int64_t n, int64_t start, int64_t end, double top_p, double estimate,
+                            int64_t part, int64_t parts, float *scratch, struct team_row *t) {
+    struct sift_bracket s = sift_start(n, top_p, estimate);
+    for (int pass = 0; pass < SIFT_PASSES && sift_open(&s); pass++) {
+        float cut[CUTS];
+        double weight[CUTS] = {0};
+        const int cuts = sift_cuts(&s, pass > 0, cut);
+        estimate_at(row + start, end - start, cuts, cut, t->weight[pass & 1][part]);
+        team_wait();
+        for (int64_t p = 0; p < parts; p++)
+            for (int j = 0; j < cuts; j++) weight[j] += t->weight[pass & 1][p][j];
+        sift_update(&s, cuts, cut, weight);
+    }
+    t->listed[part] = scratch;
+    t->count[part] = list_bracket(row + start, end - start, float_of(s.low), float_of(s.high), scratch, t->listed_sums[part]);
+    team_wait();
+    if (part == 0) t->threshold = team_resolve(&s, row, n, top_p, parts, scratch, t);
+    team_wait();
+    return t->threshold;
+}
+
+/* row_threshold's threshold of a row without top-k (0 without a nucleus; nucleus_sifted's where its largest
+ * weight is 1, by team_nucleus; else nucleus_threshold's, part 0's), then min-p's (at_least_min_p). */
+IN_CLONE float team_threshold(const float *row, int64_t n, int64_t start, int64_t end, float top_p, const float *min_p,
+                              double rtol, double estimate, int64_t part, int64_t parts, float *scratch,
+                              struct team_row *t) {
+    float threshold = 0.0f;
+    if (top_p < 1.0f && estimate >= 0.5 && sifting) {
+        threshold = team_nucleus(row, n, start, end, (double)top_p * (1.0 - rtol), estimate, part, parts, scratch, t);
+    } else if (top_p < 1.0f) {
+        if (part == 0) t->threshold = nucleus_threshold(row, n, 0.0f, (double)top_p * (1.0 - rtol), scratch);
+        team_wait();
+        threshold = t->threshold;
+    }
+    return at_least_min_p(threshold, min_p, rtol);
+}
+
+/* Row r of draw_rows (float32, no top-k) weighed densely by the team, weigh_dense's weights and block sums
+ * (each part its share: team_max, exp_row, team_threshold, keep_at_least), then drawn and handed over by
+ * part 0 (finish_row). scratch: the thread's (scratch_size(n)). */
+IN_CLONE void team_dense_row(const struct draw_args *a, int64_t r, int64_t part, int64_t parts, float *scratch,
+                             struct team_row *t) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t n = rules->n, block = rules->block, b = r / rules->per_position;
+    const float *x = (const float *)rules->logits + r * n, *min_p = rules->min_p ? rules->min_p + b : NULL;
+    float *row = weights_of_row(a, r, t->row);
+    double *sums = sums_of_row(a, r, t->sums);
+    int64_t start, end;
+    part_of_row(n, block, part, parts, &start, &end);
+    const float largest = team_max(x, start, end, part, parts, t), top = isfinite(largest) ? largest : 0.0f;
+    t->estimate[part] = exp_row(x + start, end - start, top, 1.0f / rules->temperature[b], row + start);
+    team_wait();
+    double estimate = 0.0;
+    for (int64_t p = 0; p < parts; p++) estimate += t->estimate[p];
+    const float threshold = team_threshold(row, n, start, end, rules->top_p[b], min_p, rules->rtol,
+                                           isfinite(largest) ? estimate : -1.0, part, parts, scratch, t);
+    keep_at_least(row + start, end - start, threshold, block, sums + start / block);
+    team_wait();
+    if (part == 0) finish_row(a, r, -1, row, NULL, sums);
+}
+
+/* Row r of draw_rows drawn untruncated by the team (draw_untruncated's token): each part the block sums
+ * of its share (untruncated_sums), part 0 the draw (draw_from_sums). */
+IN_CLONE void team_untruncated_row(const struct draw_args *a, int64_t r, int64_t part, int64_t parts,
+                                   struct team_row *t) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t n = rules->n, block = rules->block, b = r / rules->per_position;
+    const float *x = (const float *)rules->logits + r * n, inverse = 1.0f / rules->temperature[b];
+    double *sums = sums_of_row(a, r, t->sums);
+    int64_t start, end;
+    part_of_row(n, block, part, parts, &start, &end);
+    float top = team_max(x, start, end, part, parts, t);
+    top = isfinite(top) ? top : 0.0f;
+    untruncated_sums(x, n, start, end, top, inverse, block, sums);
+    team_wait();
+    if (part == 0)
+        *draw_slot(a, r) = draw_from_sums(x, n, top, inverse, block, keyed_uniform(row_key(a, r), a->salt), t->row, sums);
+}
+
+/* The first of the rows that draw_rows' team weighs together, one at a time (team_rows): the last
+ * rows % parts rows of a call of fewer than 4 float32 rows a thread where each of them is weighed densely or
+ * untruncated (not greedy, no top-k) and holds at least 4 blocks a part; `rows` where there are none. */
+static int64_t first_team_row(const struct draw_args *a, int64_t rows, int64_t parts) {
+    const struct chain_rows *rules = &a->rows;
+    const int64_t left = rows % parts, n = rules->n, block = rules->block;
+    const int few = parts > 1 && parts <= TEAM_PARTS && rows < 4 * parts && left > 0;
+    if (!few || !teaming || rules->dtype != FLOAT32 || block % EXP_CHUNK != 0 || n < 4 * parts * block) return rows;
+    for (int64_t r = rows - left; r < rows; r++) {
+        const int64_t k = rules->top_k[r / rules->per_position];
+        if (greedy_row(rules, r) || (k > 0 && k < n)) return rows;
+    }
+    return rows - left;
+}
+
+/* Rows [first, rows) of draw_rows, each weighed by the whole team (team_dense_row, team_untruncated_row),
+ * with part 0's row buffers; run by every thread of the team, after its other rows. Where a thread's
+ * buffers were refused, no thread weighs them (the call reports the refusal). */
+IN_CLONE void team_rows(const struct draw_args *a, int64_t first, int64_t rows, struct row_buffers *buffers,
+                        struct team_row *t) {
+    const int64_t part = team_part(), parts = team_parts();
+    int ready = 1;
+    t->ready[part] = row_buffers_ready(buffers);
+    if (part == 0) {
+        t->row = buffers->row;
+        t->sums = buffers->sums;
+    }
+    team_wait();
+    for (int64_t p = 0; p < parts; p++) ready &= t->ready[p];
+    for (int64_t r = first; ready && r < rows; r++) {
+        if (part == 0) __atomic_fetch_add(&team_weighed, 1, __ATOMIC_RELAXED);
+        if (drawn_untruncated(a, r))
+            team_untruncated_row(a, r, part, parts, t);
+        else
+            team_dense_row(a, r, part, parts, buffers->scratch, t);
+    }
+}
+
 /* The target draws of the stochastic rows of a verifier call (SPEC §2, §4; struct draw_args), the weights
  * never written out unless asked for: per row, its truncated weights as weigh_rows makes them, then the
  * inverse-CDF draw with the keyed uniform of key s_b + j (request_seed) and the target stream's salt, the
@@ -1857,14 +2147,17 @@ CLONES int64_t draw_rows(const struct draw_args *a) {
     const int64_t rows = rules->requests * rules->per_position, parts = greedy_parts(a, rows);
     float part_best[SPLIT_TASKS];
     int64_t part_from[SPLIT_TASKS], refused = 0;
+    struct team_row team;
 #pragma omp parallel if (rows > 1 && rows * n >= PARALLEL_WORK)
     {
     if (parts > 1) split_greedy_rows(a, rows, parts, part_best, part_from);
     struct row_buffers buffers = row_buffers_of(n, blocks, &refused);
     const int ready = row_buffers_ready(&buffers);
+    const int64_t first_team = first_team_row(a, rows, team_parts());
 #pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = 0; r < first_team; r++)
         if (ready && !(parts > 1 && greedy_row(rules, r))) draw_row(a, r, &buffers);
+    if (first_team < rows) team_rows(a, first_team, rows, &buffers, &team);
     free_row_buffers(&buffers);
     }
     if (a->first && !refused) {

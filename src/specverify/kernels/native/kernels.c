@@ -21,7 +21,9 @@
  * candidates near the k-th exponentiated, held as a short list of (id, weight); any other row densely in
  * a buffer of the thread's, in cache) and drawn at once with its keyed uniform, so that the logits are
  * read about once. Sampled mode keeps each drafted position's weights for recover_kept_rows (the short
- * list, or the dense row where the kept set is large). Every path gives the bits of the dense one.
+ * list, or the dense row where the kept set is large). Every path gives the bits of the dense one. A call
+ * of few rows (B = 1: 5 rows on 2 threads) weighs its last rows with the whole team, a share of each row a
+ * thread (team_rows), rather than leaving one thread a row more than the others.
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c99 */
 #include <stdint.h>

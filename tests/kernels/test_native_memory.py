@@ -10,8 +10,6 @@ bytes), so a limit of 4500 refuses the scratch buffer alone, whichever threads a
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ import specverify
 from specverify.contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
 from specverify.kernels import block_size, native
 from tests.support.backends import native_available
+from tests.support.native_hooks import hook_set
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 
@@ -28,15 +27,9 @@ SCRATCH_BYTES = 5280
 LIMIT = 4500
 
 
-@contextlib.contextmanager
 def allocations_refused_above(limit: int):
     """kernels.c refuses every allocation above `limit` bytes inside the block."""
-    library = native.load()
-    library.specverify_refuse_allocations_above(limit)
-    try:
-        yield
-    finally:
-        library.specverify_refuse_allocations_above(2**64 - 1)
+    return hook_set("specverify_refuse_allocations_above", limit, 2**64 - 1)
 
 
 def _params(requests: int):

@@ -13,9 +13,6 @@ one w < 1, summed exactly in double, so that every backend meets the same target
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-
 import numpy as np
 import pytest
 import torch
@@ -24,26 +21,19 @@ import specverify as sv
 from specverify.contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
 from specverify.kernels import block_size, native, reference
 from tests.support.backends import native_available
+from tests.support.native_hooks import hook_set, read_count
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 
 
-@contextlib.contextmanager
 def sifting(on: bool):
     """Rows without top-k sift for their nucleus (on, the default) or go to nucleus_threshold alone."""
-    library = native.load()
-    library.specverify_sift(ctypes.c_int64(int(on)))
-    try:
-        yield
-    finally:
-        library.specverify_sift(ctypes.c_int64(1))
+    return hook_set("specverify_sift", int(on), 1)
 
 
 def fallbacks() -> int:
     """How many sifted rows took nucleus_threshold's threshold since the last call."""
-    count = native.load().specverify_sift_fallbacks
-    count.restype = ctypes.c_int64
-    return int(count())
+    return read_count("specverify_sift_fallbacks")
 
 
 def _weigh(weigh_rows, logits, temperature, top_p, min_p=None):

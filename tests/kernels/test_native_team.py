@@ -13,46 +13,25 @@ nucleus_threshold; argmax, sampled and block modes; two and three threads.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-
 import pytest
 import torch
 
 import specverify as sv
-from specverify.kernels import native
 from tests.kernels.test_native_sift import _two_level_rows, fallbacks
 from tests.support.backends import native_available
+from tests.support.native_hooks import hook_set, read_count, torch_threads
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 
 
-@contextlib.contextmanager
 def team(on: bool):
     """A call's last rows may be weighed by the whole team (on, the default) or each by one thread."""
-    library = native.load()
-    library.specverify_team(ctypes.c_int64(int(on)))
-    try:
-        yield
-    finally:
-        library.specverify_team(ctypes.c_int64(1))
+    return hook_set("specverify_team", int(on), 1)
 
 
 def team_rows() -> int:
     """How many rows the team weighed since the last call."""
-    count = native.load().specverify_team_rows
-    count.restype = ctypes.c_int64
-    return int(count())
-
-
-@contextlib.contextmanager
-def threads(count: int):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    return read_count("specverify_team_rows")
 
 
 def _logits(kind: str, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -104,7 +83,7 @@ def _compare(logits, requests, drafted, rules, mode, count, g) -> int:
     state = g.get_state()
     team_rows()
     fallbacks()
-    with threads(count["threads"]):
+    with torch_threads(count["threads"]):
         together = _call(logits, requests, drafted, rules, mode, g)
         weighed, fell_back = team_rows(), fallbacks()
         g.set_state(state)

@@ -13,15 +13,14 @@ one w < 1, summed exactly in double, so that every backend meets the same target
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import specverify as sv
-from specverify.contract import BOUNDARY_RTOL, GREEDY_TEMPERATURE
-from specverify.kernels import block_size, native, reference
+from specverify.kernels import native, reference
 from tests.support.backends import native_available
 from tests.support.native_hooks import hook_set, read_count
+from tests.support.nucleus_rows import two_level_rows, weigh
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 
@@ -36,27 +35,18 @@ def fallbacks() -> int:
     return read_count("specverify_sift_fallbacks")
 
 
-def _weigh(weigh_rows, logits, temperature, top_p, min_p=None):
-    rows, vocab = logits.shape
-    out = torch.empty(rows, vocab)
-    top_k = torch.full((rows,), -1, dtype=torch.int64)
-    arguments = (logits, temperature, GREEDY_TEMPERATURE, top_k, top_p, min_p, BOUNDARY_RTOL, block_size(vocab), out)
-    sums = weigh_rows(*arguments)
-    return out, sums
-
-
 def _compare(logits, temperature, top_p, min_p=None) -> int:
     """Weigh the rows with the search on and off and by the torch reference: the same weights and block sums
     bit for bit, the same kept sets as the reference. Returns how many rows fell back."""
     fallbacks()
-    sifted, sifted_sums = _weigh(native.weigh_rows, logits, temperature, top_p, min_p)
+    sifted, sifted_sums = weigh(native.weigh_rows, logits, temperature, top_p, min_p)
     fell_back = fallbacks()
     with sifting(False):
-        dense, dense_sums = _weigh(native.weigh_rows, logits, temperature, top_p, min_p)
+        dense, dense_sums = weigh(native.weigh_rows, logits, temperature, top_p, min_p)
     assert fallbacks() == 0
     assert torch.equal(sifted.view(torch.int32), dense.view(torch.int32))
     assert torch.equal(sifted_sums, dense_sums)
-    expected, _ = _weigh(reference.weigh_rows, logits, temperature, top_p, min_p)
+    expected, _ = weigh(reference.weigh_rows, logits, temperature, top_p, min_p)
     for row in range(logits.shape[0]):
         kept, reference_kept = sifted[row] > 0, expected[row] > 0
         assert torch.equal(kept, reference_kept), (
@@ -124,49 +114,12 @@ def test_sifted_nucleus_is_nucleus_thresholds_bit_for_bit(kind, vocab, dtype):
     _compare(logits, temperature, top_p, min_p)
 
 
-def _two_level_rows(inside: bool) -> list[tuple[str, torch.Tensor, float, float]]:
-    """Rows of n1 tokens of weight 1 and n2 of weight w = exp(x) (the same float32 from the C kernels and from
-    torch), whose target p * (n1 + n2 * w) (every sum exact in double) lies at a distance d from n1, the
-    weight of the first level: within a quarter of the search's margin on either side (inside: the search
-    must fall back), or beyond eight margins (it must certify). Each is (name, logits [1, n], top_p, d)."""
-    g = torch.Generator().manual_seed(35)
-    x = -2.0 - 5.0 * torch.rand(60000, generator=g)
-    probe = torch.cat([torch.zeros(1), x])[None]
-    weights, _ = _weigh(native.weigh_rows, probe, torch.ones(1), torch.ones(1))
-    w = weights[0, 1:].double().numpy()
-    alike = w == torch.exp(x).double().numpy()
-    x, w = x.numpy()[alike], w[alike]
-    found = {}
-    for top_p in (0.8, 0.9, 0.6, 0.95):
-        p = float(np.float32(top_p)) * (1.0 - BOUNDARY_RTOL)  # as kernels.c forms it
-        for n1 in range(1000, 3000, 20):
-            n2 = np.rint((n1 / p - n1) / w)
-            total = n1 + n2 * w
-            d = n1 - p * total
-            margin = (4 * (n1 + n2) + 16384) * 2.0**-53 * total  # SIFT_MARGIN
-            wanted = {
-                "inside, kept": (d > 1e-11) & (d < margin / 4),
-                "inside, not kept": (d < -1e-11) & (-d < margin / 4),
-                "outside, kept": (d > 8 * margin) & (d < 1e-9 * total),
-                "outside, not kept": (-d > 8 * margin) & (-d < 1e-9 * total),
-            }
-            for name, chosen in wanted.items():
-                hits = np.nonzero(chosen & (n2 >= 1) & (n1 + n2 <= 60000))[0]
-                if name.startswith("inside") == inside and name not in found and len(hits):
-                    at = hits[0]
-                    row = torch.cat([torch.zeros(n1), torch.full((int(n2[at]),), float(x[at]))])
-                    row = row[torch.randperm(row.numel(), generator=g)]
-                    found[name] = (name, row[None], top_p, float(d[at]))
-    assert len(found) == 2, f"two-level rows found only for {sorted(found)}"
-    return list(found.values())
-
-
 @pytest.mark.parametrize("inside", [True, False], ids=["inside the margin", "outside the margin"])
 def test_a_crossing_within_the_margin_falls_back_and_beyond_it_is_certified(inside):
-    for name, logits, top_p, d in _two_level_rows(inside):
+    for name, logits, top_p, d in two_level_rows(inside):
         fell_back = _compare(logits, torch.ones(1), torch.tensor([top_p]))
         assert fell_back == (1 if inside else 0), f"{name} (d {d:.3g}): {fell_back} fallbacks"
-        weights, _ = _weigh(native.weigh_rows, logits, torch.ones(1), torch.tensor([top_p]))
+        weights, _ = weigh(native.weigh_rows, logits, torch.ones(1), torch.tensor([top_p]))
         kept_level = int((weights[0] > 0).sum())
         n1 = int((logits[0] == 0).sum())
         assert kept_level == (n1 if d >= 0 else logits.shape[1]), f"{name}: kept {kept_level} tokens"

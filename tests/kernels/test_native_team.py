@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import specverify as sv
-from tests.kernels.test_native_sift import _two_level_rows, fallbacks
 from tests.support.backends import native_available
 from tests.support.native_hooks import hook_set, read_count, torch_threads
+from tests.support.nucleus_rows import two_level_rows
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled CPU kernels are unavailable")
 
@@ -32,6 +32,11 @@ def team(on: bool):
 def team_rows() -> int:
     """How many rows the team weighed since the last call."""
     return read_count("specverify_team_rows")
+
+
+def fallbacks() -> int:
+    """How many sifted rows took nucleus_threshold's threshold since the last call."""
+    return read_count("specverify_sift_fallbacks")
 
 
 def _logits(kind: str, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -154,7 +159,7 @@ def test_a_team_row_whose_search_is_not_certified_takes_nucleus_thresholds_thres
     two-level rows, padded with -inf to a width the team splits); the team's row falls back too, with the
     same tokens."""
     g = torch.Generator().manual_seed(11)
-    for name, row, top_p, d in _two_level_rows(inside=True):
+    for name, row, top_p, d in two_level_rows(inside=True):
         width = max(row.shape[1], 16384)
         padded = torch.full((1, width), float("-inf"))
         padded[0, : row.shape[1]] = row[0]
